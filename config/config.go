@@ -1,0 +1,242 @@
+// Package config loads retryd's policy file: named policies, per-provider
+// policies and an optional replacement for the built-in default, written in
+// YAML with the same camelCase keys as a harness's retryPolicy block, so a
+// provider's existing block pastes in unchanged.
+//
+//	policies:
+//	  relay:
+//	    mode: schedule
+//	    schedule: [2000, 5000, 5000, 5000, 10000]
+//	    tailDelayMs: 20000
+//	providers:
+//	  deepseek:
+//	    retryPolicy:
+//	      mode: always
+//	      backoff: {initialDelayMs: 1000, maxDelayMs: 30000, jitterRatio: 0.2}
+//	defaultPolicy:
+//	  maxRetries: 3
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+)
+
+// Policies resolves which policy decides a failure that carries no inline
+// policy. The zero value is not usable; use Default or Load.
+type Policies struct {
+	named     map[string]*policy.Policy
+	providers map[string]*policy.Policy
+	fallback  *policy.Policy
+}
+
+// Default returns the policies of a server with no policy file: the
+// built-in default (normal mode) for every provider.
+func Default() *Policies {
+	p, err := policy.Resolve(nil)
+	if err != nil {
+		panic(fmt.Sprintf("config: built-in default policy is invalid: %v", err))
+	}
+	return &Policies{fallback: p}
+}
+
+// Named returns the policy configured under name.
+func (ps *Policies) Named(name string) (*policy.Policy, bool) {
+	p, ok := ps.named[name]
+	return p, ok
+}
+
+// ForProvider returns the provider's configured policy, else the default.
+func (ps *Policies) ForProvider(provider string) *policy.Policy {
+	if p, ok := ps.providers[provider]; ok {
+		return p
+	}
+	return ps.fallback
+}
+
+// Names lists the named policies, sorted.
+func (ps *Policies) Names() []string {
+	out := make([]string, 0, len(ps.named))
+	for n := range ps.named {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Providers lists the providers with a configured policy, sorted.
+func (ps *Policies) Providers() []string {
+	out := make([]string, 0, len(ps.providers))
+	for n := range ps.providers {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Load reads and validates a policy file.
+func Load(path string) (*Policies, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	ps, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ps, nil
+}
+
+// FieldError names the invalid field of a policy file by its path, e.g.
+// "providers.deepseek.retryPolicy.backoff.initial_delay_ms".
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
+
+type file struct {
+	Policies      map[string]json.RawMessage `json:"policies"`
+	Providers     map[string]provider        `json:"providers"`
+	DefaultPolicy json.RawMessage            `json:"defaultPolicy"`
+}
+
+type provider struct {
+	RetryPolicy json.RawMessage `json:"retryPolicy"`
+}
+
+// Parse validates a policy file's YAML (or JSON) content. Unknown keys are
+// errors, so a typo never silently falls back to a default.
+func Parse(data []byte) (*Policies, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("config: not valid YAML: %w", err)
+	}
+	var f file
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	ps := Default()
+	ps.named = make(map[string]*policy.Policy, len(f.Policies))
+	ps.providers = make(map[string]*policy.Policy, len(f.Providers))
+	var errs []error
+	for _, name := range sortedKeys(f.Policies) {
+		p, err := parsePolicy("policies."+name, f.Policies[name])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ps.named[name] = p
+	}
+	for _, name := range sortedKeys(f.Providers) {
+		field := "providers." + name + ".retryPolicy"
+		if len(f.Providers[name].RetryPolicy) == 0 {
+			errs = append(errs, &FieldError{Field: field, Message: "required"})
+			continue
+		}
+		p, err := parsePolicy(field, f.Providers[name].RetryPolicy)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ps.providers[name] = p
+	}
+	if len(f.DefaultPolicy) > 0 && string(f.DefaultPolicy) != "null" {
+		p, err := parsePolicy("defaultPolicy", f.DefaultPolicy)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			ps.fallback = p
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return ps, nil
+}
+
+// enumPrefixes maps the lower-case enum spellings of the harness's YAML
+// ("mode: normal") to the proto enum names.
+var enumPrefixes = map[string]string{
+	"mode":              "MODE_",
+	"jitter":            "JITTER_",
+	"retryAfterOverCap": "RETRY_AFTER_OVER_CAP_",
+}
+
+// ParsePolicy decodes one policy block (YAML or JSON with camelCase keys).
+func ParsePolicy(data []byte) (*retrydv1.RetryPolicy, error) {
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, fmt.Errorf("config: not valid YAML: %w", err)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(js, &raw); err != nil {
+		return nil, fmt.Errorf("config: a policy must be a mapping: %w", err)
+	}
+	normaliseEnums(raw)
+	norm, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	var p retrydv1.RetryPolicy
+	if err := protojson.Unmarshal(norm, &p); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return &p, nil
+}
+
+func normaliseEnums(m map[string]any) {
+	for k, v := range m {
+		switch v := v.(type) {
+		case map[string]any:
+			normaliseEnums(v)
+		case string:
+			if prefix, ok := enumPrefixes[k]; ok && !strings.HasPrefix(v, prefix) {
+				m[k] = prefix + strings.ToUpper(v)
+			}
+		}
+	}
+}
+
+func parsePolicy(field string, raw json.RawMessage) (*policy.Policy, error) {
+	pb, err := ParsePolicy(raw)
+	if err != nil {
+		return nil, &FieldError{Field: field, Message: strings.TrimPrefix(err.Error(), "config: ")}
+	}
+	p, err := policy.Resolve(pb)
+	if err != nil {
+		var ve *policy.ValidationError
+		if errors.As(err, &ve) {
+			errs := make([]error, len(ve.Violations))
+			for i, v := range ve.Violations {
+				errs[i] = &FieldError{Field: field + "." + v.Field, Message: v.Description}
+			}
+			return nil, errors.Join(errs...)
+		}
+		return nil, &FieldError{Field: field, Message: err.Error()}
+	}
+	return p, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,533 @@
+// Package engine is retryd's per-session state machine: retry chains, the
+// unique step records that make FailedStep idempotent, the one pending retry
+// a session may have, and the events every transition records.
+//
+// A Session is not safe for concurrent use: the store that owns it
+// serialises access (a shard lock in memory, a transaction elsewhere). Time,
+// randomness and id generation are injected through Env, so every
+// transition is deterministic under test.
+package engine
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"fmt"
+	"slices"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// MaxRetainedRetries is how many retries (the pending one included) a
+// session keeps so that AwaitRetry and CancelRetries can answer for them;
+// older terminal retries are forgotten and answer NOT_FOUND.
+const MaxRetainedRetries = 16
+
+// Env is what a transition may observe of the outside world.
+type Env struct {
+	Now   time.Time
+	Rand  policy.Rand
+	NewID func() string
+}
+
+// ErrorKind classifies a refused transition; the service maps it to a gRPC
+// status code.
+type ErrorKind int
+
+const (
+	// KindNotFound: the retry or session is unknown.
+	KindNotFound ErrorKind = iota + 1
+	// KindConflict: the same step record with different content.
+	KindConflict
+	// KindStale: a report older than the session's latest step.
+	KindStale
+	// KindPending: the session has a scheduled retry that has not started.
+	KindPending
+	// KindClosed: the step's open delegation was cancelled.
+	KindClosed
+)
+
+// Error is a refused transition. Nothing changed.
+type Error struct {
+	Kind    ErrorKind
+	Message string
+	// RetryID names the pending retry for KindPending.
+	RetryID string
+}
+
+func (e *Error) Error() string { return "engine: " + e.Message }
+
+func errorf(kind ErrorKind, format string, args ...any) *Error {
+	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+}
+
+// ChainKey identifies a retry chain within a session.
+type ChainKey struct {
+	Provider  string
+	PolicyKey string
+}
+
+// Chain is the retry history of one (session, provider, policy key).
+type Chain struct {
+	Key     ChainKey
+	Mode    retrydv1.Mode
+	Max     *uint32
+	Retries uint32
+	Open    bool
+	Latest  *Retry
+	Updated time.Time
+}
+
+// Retry is one scheduled retry.
+type Retry struct {
+	ID        string
+	SessionID string
+	Scheduled *retrydv1.RetryScheduled
+	Due       time.Time
+	Status    retrydv1.RetryStatus
+	Started   *retrydv1.RetryStarted
+	Cancelled *retrydv1.RetryCancelled
+	// Awaiters counts connected AwaitRetry streams; maintained by the store.
+	Awaiters int
+	// Done is closed when the retry becomes terminal.
+	Done  chan struct{}
+	chain *Chain
+}
+
+// State snapshots the retry for the API.
+func (r *Retry) State() *retrydv1.RetryState {
+	return &retrydv1.RetryState{
+		RetryId:   r.ID,
+		SessionId: r.SessionID,
+		Status:    r.Status,
+		Scheduled: r.Scheduled,
+		Started:   r.Started,
+		Cancelled: r.Cancelled,
+		Awaiters:  uint32(r.Awaiters),
+	}
+}
+
+// Terminal returns the terminal AwaitRetry message, or nil while pending.
+func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
+	switch r.Status {
+	case retrydv1.RetryStatus_RETRY_STATUS_STARTED:
+		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Started{Started: r.Started}}
+	case retrydv1.RetryStatus_RETRY_STATUS_CANCELLED:
+		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: r.Cancelled}}
+	}
+	return nil
+}
+
+type stepRecord struct {
+	fingerprint [sha256.Size]byte
+	response    *retrydv1.FailedStepResponse
+}
+
+type position struct{ turn, step uint64 }
+
+func (p position) less(q position) bool {
+	return p.turn < q.turn || p.turn == q.turn && p.step < q.step
+}
+
+// Session is one agent session's retry state.
+type Session struct {
+	ID      string
+	Updated time.Time
+
+	latest     position
+	seen       bool
+	records    map[retrydv1.Downstream]*stepRecord // for the latest position only
+	chains     map[ChainKey]*Chain
+	pending    *Retry
+	delegation *position // always mode: a downstream_first answer awaiting its follow-up
+	cancelled  *position // a delegation cancelled at this position
+	retries    []*Retry  // oldest first, at most MaxRetainedRetries
+}
+
+// NewSession returns an empty session.
+func NewSession(id string, now time.Time) *Session {
+	return &Session{ID: id, Updated: now, chains: make(map[ChainKey]*Chain)}
+}
+
+// Pending returns the session's scheduled retry that has not yet started or
+// been cancelled, or nil.
+func (s *Session) Pending() *Retry { return s.pending }
+
+// Retry returns a retained retry by id, or nil.
+func (s *Session) Retry(id string) *Retry {
+	for _, r := range s.retries {
+		if r.ID == id {
+			return r
+		}
+	}
+	return nil
+}
+
+// Failure is one validated FailedStep report with its policy resolved.
+type Failure struct {
+	Request *retrydv1.FailedStepRequest
+	// Policy decides; nil when the request names no provider.
+	Policy *policy.Policy
+	// RetryAfter is the parsed provider delay instruction.
+	RetryAfter policy.RetryAfter
+}
+
+// FailOutcome is what Fail changed.
+type FailOutcome struct {
+	Response *retrydv1.FailedStepResponse
+	// Events to append to the log, in order (none for an idempotent replay).
+	Events []*retrydv1.Event
+	// Scheduled is the new pending retry, if one was scheduled.
+	Scheduled *Retry
+	// Forgotten are retries no longer retained (unindex them).
+	Forgotten []*Retry
+}
+
+func fingerprint(req *retrydv1.FailedStepRequest) [sha256.Size]byte {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil {
+		// A validated request always marshals; fall back to the text form.
+		b = []byte(req.String())
+	}
+	return sha256.Sum256(b)
+}
+
+func phaseOf(d retrydv1.Downstream) retrydv1.Downstream {
+	if d == retrydv1.Downstream_DOWNSTREAM_UNSPECIFIED {
+		return retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+	}
+	return d
+}
+
+// Fail decides one failed step. It is idempotent per (turn, step,
+// downstream phase): the same report again returns the same response and
+// changes nothing.
+func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
+	req := f.Request
+	pos := position{req.GetTurn(), req.GetStep()}
+	phase := phaseOf(req.GetDownstream())
+	fp := fingerprint(req)
+
+	if s.seen && pos == s.latest {
+		if rec := s.records[phase]; rec != nil {
+			if rec.fingerprint != fp {
+				return FailOutcome{}, errorf(KindConflict,
+					"turn %d step %d (downstream %s) was already reported with different content",
+					pos.turn, pos.step, phase)
+			}
+			return FailOutcome{Response: rec.response}, nil
+		}
+	}
+	if s.seen && pos.less(s.latest) {
+		return FailOutcome{}, errorf(KindStale,
+			"turn %d step %d is older than the session's latest recorded turn %d step %d",
+			pos.turn, pos.step, s.latest.turn, s.latest.step)
+	}
+	if s.pending != nil {
+		return FailOutcome{}, &Error{Kind: KindPending, RetryID: s.pending.ID, Message: fmt.Sprintf(
+			"session has scheduled retry %s (turn %d step %d) that has not started; await or cancel it first",
+			s.pending.ID, s.pending.Scheduled.GetTurn(), s.pending.Scheduled.GetStep())}
+	}
+	if s.cancelled != nil && *s.cancelled == pos && phase != retrydv1.Downstream_DOWNSTREAM_NOT_ASKED {
+		return FailOutcome{}, errorf(KindClosed,
+			"the open delegation of turn %d step %d was cancelled", pos.turn, pos.step)
+	}
+
+	if !s.seen || s.latest.less(pos) {
+		s.latest, s.seen = pos, true
+		s.records = nil
+		s.delegation, s.cancelled = nil, nil
+	}
+
+	var out FailOutcome
+	resp := &retrydv1.FailedStepResponse{}
+	if f.Policy == nil {
+		resp.Decision, resp.Event = s.delegated(env, f, phase, policy.Decision{
+			Reason: retrydv1.DelegateReason_DELEGATE_REASON_NO_PROVIDER,
+			Detail: "the failure happened before any provider adapter was selected",
+		})
+		out.Events = append(out.Events, resp.Event)
+	} else {
+		p := f.Policy
+		key := ChainKey{Provider: req.GetProvider(), PolicyKey: p.Key}
+		chain := s.chains[key]
+		var used uint32
+		if chain != nil && chain.Open {
+			used = chain.Retries
+		}
+		d := p.Decide(policy.Attempt{
+			Retries:    used,
+			Code:       req.GetFailure().GetCode(),
+			RetryAfter: f.RetryAfter,
+			Downstream: phase,
+			Replay:     req.GetReplay(),
+			Deadline:   deadlineOf(req),
+		}, env.Now, env.Rand)
+		if p.Mode == retrydv1.Mode_MODE_ALWAYS {
+			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
+				s.delegation = &pos
+			} else if s.delegation != nil && *s.delegation == pos {
+				s.delegation = nil
+			}
+		}
+		if d.Schedule {
+			if chain == nil {
+				chain = &Chain{Key: key, Mode: p.Mode}
+				s.chains[key] = chain
+			}
+			if !chain.Open {
+				chain.Open, chain.Retries = true, 0
+			}
+			if p.Bounded {
+				chain.Max = &p.MaxRetries
+			}
+			r := s.schedule(env, f, chain, d)
+			resp.Decision = &retrydv1.Decision{Outcome: &retrydv1.Decision_Schedule{Schedule: &retrydv1.Schedule{
+				RetryId:     r.ID,
+				RetryNumber: d.RetryNumber,
+				MaxRetries:  r.Scheduled.MaxRetries,
+				DelayMs:     d.DelayMs,
+				DelaySource: d.Source,
+				DueAt:       r.Scheduled.DueAt,
+				PolicyKey:   p.Key,
+				Mode:        p.Mode,
+			}}}
+			resp.Event = s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Scheduled{Scheduled: r.Scheduled}})
+			out.Events = append(out.Events, resp.Event)
+			out.Scheduled = r
+			out.Forgotten = s.retain(r)
+		} else {
+			resp.Decision, resp.Event = s.delegated(env, f, phase, d)
+			out.Events = append(out.Events, resp.Event)
+			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED && chain != nil && chain.Open {
+				out.Events = append(out.Events, s.closeChain(env, chain, retrydv1.CloseReason_CLOSE_REASON_EXHAUSTED))
+			}
+		}
+	}
+	if s.records == nil {
+		s.records = make(map[retrydv1.Downstream]*stepRecord, 1)
+	}
+	s.records[phase] = &stepRecord{fingerprint: fp, response: resp}
+	s.Updated = env.Now
+	out.Response = resp
+	return out, nil
+}
+
+func deadlineOf(req *retrydv1.FailedStepRequest) time.Time {
+	if req.GetDeadline() == nil {
+		return time.Time{}
+	}
+	return req.GetDeadline().AsTime()
+}
+
+func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d policy.Decision) (*retrydv1.Decision, *retrydv1.Event) {
+	req := f.Request
+	ev := &retrydv1.RetryDelegated{
+		Turn:       req.GetTurn(),
+		Step:       req.GetStep(),
+		Provider:   req.GetProvider(),
+		Failure:    req.GetFailure(),
+		Reason:     d.Reason,
+		Detail:     d.Detail,
+		Downstream: phase,
+	}
+	if f.Policy != nil {
+		ev.PolicyKey, ev.Mode = f.Policy.Key, f.Policy.Mode
+	}
+	return &retrydv1.Decision{Outcome: &retrydv1.Decision_Delegate{Delegate: &retrydv1.Delegate{
+			Reason: d.Reason, Detail: d.Detail,
+		}}},
+		s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Delegated{Delegated: ev}})
+}
+
+func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) *Retry {
+	req, p := f.Request, f.Policy
+	due := env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond)
+	r := &Retry{
+		ID:        env.NewID(),
+		SessionID: s.ID,
+		Due:       due,
+		Status:    retrydv1.RetryStatus_RETRY_STATUS_PENDING,
+		Done:      make(chan struct{}),
+		chain:     chain,
+	}
+	r.Scheduled = &retrydv1.RetryScheduled{
+		RetryId:       r.ID,
+		Turn:          req.GetTurn(),
+		Step:          req.GetStep(),
+		LogicalTurnId: req.GetLogicalTurnId(),
+		Provider:      req.GetProvider(),
+		Mode:          p.Mode,
+		PolicyKey:     p.Key,
+		Failure:       req.GetFailure(),
+		RetryNumber:   d.RetryNumber,
+		MaxRetries:    chain.Max,
+		DelayMs:       d.DelayMs,
+		DelaySource:   d.Source,
+		DueAt:         timestamppb.New(due),
+		Policy:        p.Proto(),
+	}
+	chain.Retries = d.RetryNumber
+	chain.Latest = r
+	chain.Updated = env.Now
+	s.pending = r
+	return r
+}
+
+func (s *Session) retain(r *Retry) (forgotten []*Retry) {
+	s.retries = append(s.retries, r)
+	for len(s.retries) > MaxRetainedRetries {
+		i := slices.IndexFunc(s.retries, func(r *Retry) bool { return r != s.pending })
+		forgotten = append(forgotten, s.retries[i])
+		s.retries = slices.Delete(s.retries, i, i+1)
+	}
+	return forgotten
+}
+
+// event stamps a new log record of the session; the store assigns its
+// sequence when it appends it.
+func (s *Session) event(env Env, ev *retrydv1.Event) *retrydv1.Event {
+	ev.SessionId = s.ID
+	ev.Time = timestamppb.New(env.Now)
+	return ev
+}
+
+func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *retrydv1.Event {
+	c.Open = false
+	c.Updated = env.Now
+	return s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Closed{Closed: &retrydv1.ChainClosed{
+		Provider: c.Key.Provider, PolicyKey: c.Key.PolicyKey, Reason: reason, Retries: c.Retries,
+	}}})
+}
+
+// Start records that r's backoff ended with an awaiter present. It reports
+// false (and records nothing) unless r is pending: Started happens once.
+func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
+	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+		return nil, false
+	}
+	sc := r.Scheduled
+	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED
+	r.Started = &retrydv1.RetryStarted{
+		RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(),
+		RetryNumber: sc.GetRetryNumber(), StartedAt: timestamppb.New(env.Now),
+	}
+	if s.pending == r {
+		s.pending = nil
+	}
+	r.chain.Updated = env.Now
+	s.Updated = env.Now
+	close(r.Done)
+	return s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Started{Started: r.Started}}), true
+}
+
+// Cancel cancels a pending retry and closes its chain. Cancelling a terminal
+// retry is a no-op that records nothing.
+func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*retrydv1.Event {
+	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+		return nil
+	}
+	sc := r.Scheduled
+	r.Status = retrydv1.RetryStatus_RETRY_STATUS_CANCELLED
+	r.Cancelled = &retrydv1.RetryCancelled{
+		RetryId: r.ID, Reason: reason, Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
+	}
+	if s.pending == r {
+		s.pending = nil
+	}
+	s.Updated = env.Now
+	close(r.Done)
+	evs := []*retrydv1.Event{s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: r.Cancelled}})}
+	if r.chain.Open && r.chain.Latest == r {
+		evs = append(evs, s.closeChain(env, r.chain, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
+	}
+	return evs
+}
+
+// CancelAll cancels the session's pending retry and open always-mode
+// delegation, and closes its open chains. It returns the states of the
+// retries it touched and whether a delegation was closed.
+func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation bool, evs []*retrydv1.Event) {
+	if r := s.pending; r != nil {
+		evs = append(evs, s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)...)
+		states = append(states, r.State())
+	}
+	if d := s.delegation; d != nil {
+		evs = append(evs, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
+			Reason: retrydv1.CancelReason_CANCEL_REASON_REQUESTED, Turn: d.turn, Step: d.step,
+		}}}))
+		s.cancelled, s.delegation, delegation = d, nil, true
+	}
+	for _, c := range s.sortedChains() {
+		if c.Open {
+			evs = append(evs, s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
+		}
+	}
+	s.Updated = env.Now
+	return states, delegation, evs
+}
+
+// Succeed records a successful step: every open chain closes, so the next
+// failure starts again at retry 1.
+func (s *Session) Succeed(env Env, turn, step uint64) ([]*retrydv1.ChainClosed, []*retrydv1.Event, error) {
+	pos := position{turn, step}
+	if s.seen && pos.less(s.latest) {
+		return nil, nil, errorf(KindStale,
+			"turn %d step %d is older than the session's latest recorded turn %d step %d",
+			turn, step, s.latest.turn, s.latest.step)
+	}
+	if s.pending != nil {
+		return nil, nil, &Error{Kind: KindPending, RetryID: s.pending.ID, Message: fmt.Sprintf(
+			"session has scheduled retry %s that has not started; await or cancel it first", s.pending.ID)}
+	}
+	if !s.seen || s.latest.less(pos) {
+		s.latest, s.seen = pos, true
+		s.records = nil
+		s.cancelled = nil
+	}
+	s.delegation = nil
+	var closed []*retrydv1.ChainClosed
+	var evs []*retrydv1.Event
+	for _, c := range s.sortedChains() {
+		if c.Open {
+			ev := s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED)
+			evs = append(evs, ev)
+			closed = append(closed, ev.GetClosed())
+		}
+	}
+	s.Updated = env.Now
+	return closed, evs, nil
+}
+
+func (s *Session) sortedChains() []*Chain {
+	out := make([]*Chain, 0, len(s.chains))
+	for _, c := range s.chains {
+		out = append(out, c)
+	}
+	slices.SortFunc(out, func(a, b *Chain) int {
+		return cmp.Or(cmp.Compare(a.Key.Provider, b.Key.Provider), cmp.Compare(a.Key.PolicyKey, b.Key.PolicyKey))
+	})
+	return out
+}
+
+// Chains snapshots the session for GetChains.
+func (s *Session) Chains() *retrydv1.GetChainsResponse {
+	resp := &retrydv1.GetChainsResponse{Turn: s.latest.turn, Step: s.latest.step}
+	for _, c := range s.sortedChains() {
+		pc := &retrydv1.Chain{
+			Provider: c.Key.Provider, PolicyKey: c.Key.PolicyKey, Mode: c.Mode,
+			Retries: c.Retries, MaxRetries: c.Max, Open: c.Open, UpdatedAt: timestamppb.New(c.Updated),
+		}
+		if c.Latest != nil {
+			pc.Latest = c.Latest.State()
+		}
+		resp.Chains = append(resp.Chains, pc)
+	}
+	return resp
+}
+
+// Retries returns the retained retries, oldest first.
+func (s *Session) Retries() []*Retry { return s.retries }

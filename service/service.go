@@ -1,0 +1,278 @@
+// Package service is retryd's gRPC edge: it validates requests (every bad
+// field is reported with google.rpc.BadRequest and changes nothing),
+// resolves which policy decides a failure, hands the work to a Store, and
+// converts the store's refusals into gRPC status codes with error details.
+package service
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/config"
+	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Store keeps sessions, chains, pending retries and the event log. The
+// memory store is the default; durable stores implement the same contract.
+type Store interface {
+	// FailedStep decides a validated failure (see engine.Session.Fail).
+	FailedStep(ctx context.Context, f engine.Failure) (*retrydv1.FailedStepResponse, error)
+	// AwaitRetry sends the retry's state, then its one terminal message.
+	AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error
+	// CancelRetry cancels one pending retry; a terminal one is reported as is.
+	CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error)
+	// CancelSession cancels a session's pending retry and open delegation.
+	CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error)
+	// StepSucceeded closes a session's open chains.
+	StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error)
+	// GetChains snapshots a session.
+	GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error)
+	// WatchEvents streams the event log.
+	WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error
+}
+
+// ErrShutdown is returned by stores whose streams end because the server is
+// shutting down.
+var ErrShutdown = errors.New("retryd is shutting down")
+
+// Service implements retrydv1.RetryServiceServer.
+type Service struct {
+	retrydv1.UnimplementedRetryServiceServer
+
+	store    Store
+	policies *config.Policies
+	log      *slog.Logger
+	now      func() time.Time
+}
+
+// Option configures a Service.
+type Option interface{ apply(*Service) }
+
+type optionFunc func(*Service)
+
+func (f optionFunc) apply(s *Service) { f(s) }
+
+// WithPolicies sets the server-configured policies (named and per provider).
+func WithPolicies(p *config.Policies) Option {
+	return optionFunc(func(s *Service) { s.policies = p })
+}
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(s *Service) { s.log = l })
+}
+
+// WithClock replaces time.Now (tests).
+func WithClock(now func() time.Time) Option {
+	return optionFunc(func(s *Service) { s.now = now })
+}
+
+// New returns a Service over store.
+func New(store Store, opts ...Option) *Service {
+	s := &Service{store: store, policies: config.Default(), log: slog.Default(), now: time.Now}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	return s
+}
+
+// FailedStep implements RetryService.FailedStep.
+func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest) (*retrydv1.FailedStepResponse, error) {
+	f, err := s.failure(req)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.store.FailedStep(ctx, f)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// failure validates req and resolves its policy.
+func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, error) {
+	var v validator
+	v.sessionID("session_id", req.GetSessionId())
+	v.label("logical_turn_id", req.GetLogicalTurnId(), false)
+	v.label("provider", req.GetProvider(), false)
+	v.failure("failure", req.GetFailure())
+	v.enum("downstream", int32(req.GetDownstream()), retrydv1.Downstream_name)
+	v.enum("replay", int32(req.GetReplay()), retrydv1.Replay_name)
+	if d := req.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			v.add("deadline", "not a valid timestamp: "+err.Error())
+		}
+	}
+	var p *policy.Policy
+	switch src := req.GetPolicySource().(type) {
+	case *retrydv1.FailedStepRequest_Policy:
+		var err error
+		if p, err = policy.Resolve(src.Policy); err != nil {
+			v.policy("policy", err)
+		}
+	case *retrydv1.FailedStepRequest_PolicyName:
+		if src.PolicyName == "" {
+			v.add("policy_name", "must not be empty when set")
+		} else if named, ok := s.policies.Named(src.PolicyName); ok {
+			p = named
+		} else {
+			v.add("policy_name", "no policy named "+quote(src.PolicyName)+" is configured on this server")
+		}
+	default:
+		if req.GetProvider() != "" {
+			p = s.policies.ForProvider(req.GetProvider())
+		}
+	}
+	if err := v.err(); err != nil {
+		return engine.Failure{}, err
+	}
+	if req.GetProvider() == "" {
+		p = nil // no provider adapter was selected: delegate
+	}
+	fl := req.GetFailure()
+	return engine.Failure{
+		Request:    req,
+		Policy:     p,
+		RetryAfter: policy.ProviderRetryAfter(fl.ProviderRetryAfterMs, fl.RetryAfter, s.now()),
+	}, nil
+}
+
+// AwaitRetry implements RetryService.AwaitRetry.
+func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.RetryService_AwaitRetryServer) error {
+	var v validator
+	v.retryID("retry_id", req.GetRetryId())
+	if err := v.err(); err != nil {
+		return err
+	}
+	return toStatus(s.store.AwaitRetry(stream.Context(), req.GetRetryId(), stream.Send))
+}
+
+// CancelRetries implements RetryService.CancelRetries.
+func (s *Service) CancelRetries(ctx context.Context, req *retrydv1.CancelRetriesRequest) (*retrydv1.CancelRetriesResponse, error) {
+	var v validator
+	var (
+		resp *retrydv1.CancelRetriesResponse
+		err  error
+	)
+	switch t := req.GetTarget().(type) {
+	case *retrydv1.CancelRetriesRequest_RetryId:
+		if v.retryID("retry_id", t.RetryId); v.ok() {
+			resp, err = s.store.CancelRetry(ctx, t.RetryId)
+		}
+	case *retrydv1.CancelRetriesRequest_SessionId:
+		if v.sessionID("session_id", t.SessionId); v.ok() {
+			resp, err = s.store.CancelSession(ctx, t.SessionId)
+		}
+	default:
+		v.add("target", "set retry_id or session_id")
+	}
+	if verr := v.err(); verr != nil {
+		return nil, verr
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// StepSucceeded implements RetryService.StepSucceeded.
+func (s *Service) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
+	var v validator
+	v.sessionID("session_id", req.GetSessionId())
+	v.label("provider", req.GetProvider(), false)
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	resp, err := s.store.StepSucceeded(ctx, req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// GetChains implements RetryService.GetChains.
+func (s *Service) GetChains(ctx context.Context, req *retrydv1.GetChainsRequest) (*retrydv1.GetChainsResponse, error) {
+	var v validator
+	v.sessionID("session_id", req.GetSessionId())
+	if err := v.err(); err != nil {
+		return nil, err
+	}
+	resp, err := s.store.GetChains(ctx, req.GetSessionId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// WatchEvents implements RetryService.WatchEvents.
+func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.RetryService_WatchEventsServer) error {
+	var v validator
+	if req.GetSessionId() != "" {
+		v.sessionID("session_id", req.GetSessionId())
+	}
+	if err := v.err(); err != nil {
+		return err
+	}
+	return toStatus(s.store.WatchEvents(stream.Context(), req, func(ev *retrydv1.Event) error {
+		return stream.Send(&retrydv1.WatchEventsResponse{Event: ev})
+	}))
+}
+
+// errorDomain is the google.rpc.ErrorInfo domain of retryd's errors.
+const errorDomain = "retryd.dev"
+
+// toStatus converts a store error into a gRPC status at the edge.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "request cancelled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	case errors.Is(err, ErrShutdown):
+		return status.Error(codes.Unavailable, ErrShutdown.Error())
+	}
+	var ee *engine.Error
+	if !errors.As(err, &ee) {
+		return status.Error(codes.Internal, "internal error")
+	}
+	var (
+		code   codes.Code
+		reason string
+	)
+	switch ee.Kind {
+	case engine.KindNotFound:
+		return status.Error(codes.NotFound, ee.Message)
+	case engine.KindConflict:
+		code, reason = codes.FailedPrecondition, "STEP_RECORD_CONFLICT"
+	case engine.KindStale:
+		code, reason = codes.FailedPrecondition, "STALE_STEP"
+	case engine.KindPending:
+		code, reason = codes.FailedPrecondition, "RETRY_PENDING"
+	case engine.KindClosed:
+		code, reason = codes.FailedPrecondition, "DELEGATION_CANCELLED"
+	default:
+		return status.Error(codes.Internal, "internal error")
+	}
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: errorDomain}
+	if ee.RetryID != "" {
+		info.Metadata = map[string]string{"retry_id": ee.RetryID}
+	}
+	st, derr := status.New(code, ee.Message).WithDetails(info)
+	if derr != nil {
+		return status.Error(code, ee.Message)
+	}
+	return st.Err()
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package retrydtest
+
+const raceEnabled = false

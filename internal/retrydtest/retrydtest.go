@@ -1,0 +1,246 @@
+// Package retrydtest starts the real retryd binary for tests: it builds
+// cmd/retryd once per test process (with -race when the tests use it),
+// runs it on a free loopback port, waits until it serves, and stops it by
+// PID when the test ends. Verify runs the invariant checker over the
+// server's event log, as every end-to-end test must.
+package retrydtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/invariant"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// RepoRoot returns the directory holding the module's go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "cmd", "retryd")); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("retrydtest: repository root not found")
+		}
+		dir = parent
+	}
+}
+
+// Binary builds cmd/retryd once per test process and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		root, err := RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		dir, err := os.MkdirTemp("", "retrydtest-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "retryd")
+		args := []string{"build", "-o", binPath}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/retryd")...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/retryd: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Server is a running retryd process.
+type Server struct {
+	// Addr is the gRPC address it serves on.
+	Addr string
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// Start runs retryd serve with args on a free loopback port and waits until
+// it serves. The process is stopped (SIGTERM, then SIGKILL) at cleanup.
+func Start(t testing.TB, args ...string) *Server {
+	t.Helper()
+	bin := Binary(t)
+	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}, args...)
+	cmd := exec.Command(bin, all...)
+	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{cmd: cmd, logs: &syncBuffer{}, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			s.logs.write(append(line, '\n'))
+			var rec struct {
+				Msg  string `json:"msg"`
+				Addr string `json:"addr"`
+			}
+			if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" {
+				select {
+				case addr <- rec.Addr:
+				default:
+				}
+			}
+		}
+	}()
+	go func() {
+		s.err = cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() { s.Stop(t) })
+	select {
+	case s.Addr = <-addr:
+	case <-s.done:
+		t.Fatalf("retryd exited before serving: %v\n%s", s.err, s.logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("retryd did not serve within 30s\n%s", s.logs.String())
+	}
+	return s
+}
+
+// Logs returns what the server logged so far.
+func (s *Server) Logs() string { return s.logs.String() }
+
+// Signal sends sig to the server process.
+func (s *Server) Signal(sig os.Signal) error { return s.cmd.Process.Signal(sig) }
+
+// Wait waits for the process to exit and returns its exit error.
+func (s *Server) Wait(timeout time.Duration) error {
+	select {
+	case <-s.done:
+		return s.err
+	case <-time.After(timeout):
+		return fmt.Errorf("retryd still running after %v", timeout)
+	}
+}
+
+// Stop stops the server (SIGTERM, SIGKILL after 15s) and fails the test if
+// the race detector reported anything.
+func (s *Server) Stop(t testing.TB) {
+	t.Helper()
+	select {
+	case <-s.done:
+	default:
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(15 * time.Second):
+			_ = s.cmd.Process.Kill()
+			<-s.done
+		}
+	}
+	if bytes.Contains([]byte(s.logs.String()), []byte("WARNING: DATA RACE")) {
+		t.Errorf("retryd reported a data race:\n%s", s.logs.String())
+	}
+}
+
+// Conn dials the server; the connection closes at cleanup.
+func (s *Server) Conn(t testing.TB) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// Events reads every retained event of the server (WatchEvents to the end).
+func Events(ctx context.Context, conn grpc.ClientConnInterface, sessionID string) ([]*retrydv1.Event, error) {
+	stream, err := retrydv1.NewRetryServiceClient(conn).WatchEvents(ctx, &retrydv1.WatchEventsRequest{
+		SessionId: sessionID, StopAtEnd: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []*retrydv1.Event
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.GetEvent())
+	}
+}
+
+// Verify runs the invariant checker over the server's whole event log and
+// fails the test on any violation. It returns the events it checked.
+func Verify(t testing.TB, conn grpc.ClientConnInterface) []*retrydv1.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	events, err := Events(ctx, conn, "")
+	if err != nil {
+		t.Fatalf("reading the event log: %v", err)
+	}
+	for _, v := range invariant.Check(events) {
+		t.Errorf("invariant violation: %s", v)
+	}
+	return events
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) write(p []byte) {
+	b.mu.Lock()
+	b.buf.Write(p)
+	b.mu.Unlock()
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,211 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/config"
+	"github.com/retryd/retryd/internal/retrydtest"
+	"github.com/retryd/retryd/invariant"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/memory"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// backends lists the stores the whole suite runs against. Every test
+// iterates it, so semantics cannot drift between stores.
+var backends = []struct {
+	name string
+	open func(t *testing.T, cfg memory.Config) service.Store
+}{
+	{"memory", func(t *testing.T, cfg memory.Config) service.Store {
+		s := memory.New(cfg)
+		t.Cleanup(s.Close)
+		return s
+	}},
+}
+
+type harness struct {
+	t      *testing.T
+	client retrydv1.RetryServiceClient
+	conn   *grpc.ClientConn
+	store  service.Store
+}
+
+type harnessOpts struct {
+	abandonGrace time.Duration
+	policies     string // YAML policy file content
+}
+
+// eachBackend runs fn once per store, each with its own server over real
+// gRPC on a loopback TCP port, and runs the invariant checker over the
+// event log when fn returns.
+func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness)) {
+	t.Helper()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			grace := o.abandonGrace
+			if grace == 0 {
+				grace = time.Minute
+			}
+			store := b.open(t, memory.Config{AbandonGrace: grace})
+			var opts []service.Option
+			if o.policies != "" {
+				ps, err := config.Parse([]byte(o.policies))
+				if err != nil {
+					t.Fatal(err)
+				}
+				opts = append(opts, service.WithPolicies(ps))
+			}
+			srv := grpc.NewServer()
+			retrydv1.RegisterRetryServiceServer(srv, service.New(store, opts...))
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv.Serve(lis)
+			t.Cleanup(srv.Stop)
+			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			h := &harness{t: t, client: retrydv1.NewRetryServiceClient(conn), conn: conn, store: store}
+			fn(t, h)
+			h.verify()
+		})
+	}
+}
+
+func (h *harness) verify() {
+	h.t.Helper()
+	for _, v := range invariant.Check(h.events("")) {
+		h.t.Errorf("invariant violation: %s", v)
+	}
+}
+
+func (h *harness) events(session string) []*retrydv1.Event {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evs, err := retrydtest.Events(ctx, h.conn, session)
+	if err != nil {
+		h.t.Fatalf("WatchEvents: %v", err)
+	}
+	return evs
+}
+
+func (h *harness) fail(req *retrydv1.FailedStepRequest) *retrydv1.FailedStepResponse {
+	h.t.Helper()
+	resp, err := h.client.FailedStep(context.Background(), req)
+	if err != nil {
+		h.t.Fatalf("FailedStep(%v): %v", req, err)
+	}
+	return resp
+}
+
+func (h *harness) schedule(req *retrydv1.FailedStepRequest) *retrydv1.Schedule {
+	h.t.Helper()
+	resp := h.fail(req)
+	s := resp.GetDecision().GetSchedule()
+	if s == nil {
+		h.t.Fatalf("FailedStep: want schedule, got %v", resp.GetDecision())
+	}
+	return s
+}
+
+// await reads a whole AwaitRetry stream: the state message, then the
+// terminal one, then the end of the stream.
+func (h *harness) await(ctx context.Context, retryID string) (*retrydv1.RetryState, *retrydv1.AwaitRetryResponse) {
+	h.t.Helper()
+	stream, err := h.client.AwaitRetry(ctx, &retrydv1.AwaitRetryRequest{RetryId: retryID})
+	if err != nil {
+		h.t.Fatalf("AwaitRetry: %v", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		h.t.Fatalf("AwaitRetry first message: %v", err)
+	}
+	if first.GetState() == nil {
+		h.t.Fatalf("AwaitRetry: first message is not the state: %v", first)
+	}
+	term, err := stream.Recv()
+	if err != nil {
+		h.t.Fatalf("AwaitRetry terminal message: %v", err)
+	}
+	if term.GetStarted() == nil && term.GetCancelled() == nil {
+		h.t.Fatalf("AwaitRetry: second message is not terminal: %v", term)
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		h.t.Fatalf("AwaitRetry: want end of stream after the terminal message, got %v", err)
+	}
+	return first.GetState(), term
+}
+
+// start waits for the retry's Started confirmation.
+func (h *harness) start(retryID string) *retrydv1.RetryStarted {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, term := h.await(ctx, retryID)
+	if term.GetStarted() == nil {
+		h.t.Fatalf("retry %s: want started, got %v", retryID, term)
+	}
+	return term.GetStarted()
+}
+
+// fast is a normal-mode policy with exact delays: initial ms, doubling, no
+// jitter.
+func fast(initialMs uint64) *retrydv1.RetryPolicy {
+	return &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
+		InitialDelayMs: proto.Uint64(initialMs),
+		MaxDelayMs:     proto.Uint64(10_000),
+		JitterRatio:    proto.Float64(0),
+	}}
+}
+
+func failure(session string, turn, step uint64, provider, code string, p *retrydv1.RetryPolicy) *retrydv1.FailedStepRequest {
+	req := &retrydv1.FailedStepRequest{
+		SessionId: session, Turn: turn, Step: step, Provider: provider,
+		Failure: &retrydv1.Failure{Code: code, Message: "provider said no"},
+	}
+	if p != nil {
+		req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: p}
+	}
+	return req
+}
+
+// errorInfo returns the status code and ErrorInfo of err.
+func errorInfo(t *testing.T, err error) (codes.Code, *errdetails.ErrorInfo) {
+	t.Helper()
+	st := status.Convert(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return st.Code(), info
+		}
+	}
+	return st.Code(), nil
+}
+
+func badFields(err error) map[string]string {
+	out := map[string]string{}
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.GetFieldViolations() {
+				out[v.GetField()] = v.GetDescription()
+			}
+		}
+	}
+	return out
+}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/config"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"

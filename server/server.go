@@ -8,8 +8,8 @@ import (
 	"net"
 	"time"
 
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/config"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/memory"
 	"google.golang.org/grpc"

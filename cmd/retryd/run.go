@@ -9,8 +9,8 @@ import (
 	"os"
 	"strings"
 
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/config"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/server"
 	"google.golang.org/grpc"

@@ -15,8 +15,8 @@ import (
 	"sync"
 	"time"
 
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
 )
 

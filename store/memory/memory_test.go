@@ -1,0 +1,156 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/protobuf/proto"
+)
+
+// clock is a settable time source for expiry tests.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *retrydv1.FailedStepResponse {
+	t.Helper()
+	p, err := policy.Resolve(&retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
+		InitialDelayMs: proto.Uint64(delayMs), MaxDelayMs: proto.Uint64(delayMs), JitterRatio: proto.Float64(0)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.FailedStep(context.Background(), engine.Failure{
+		Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: step, Step: step, Provider: "p",
+			Failure: &retrydv1.Failure{Code: "SERVER"}},
+		Policy: p,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestExpiryKeepsPendingSessions(t *testing.T) {
+	t.Parallel()
+	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := New(Config{ChainTTL: time.Hour, Now: c.Now})
+	defer s.Close()
+
+	idle := fail(t, s, "idle", 1, 1)
+	idleID := idle.GetDecision().GetSchedule().GetRetryId()
+	if _, err := s.CancelRetry(context.Background(), idleID); err != nil {
+		t.Fatal(err)
+	}
+	pending := fail(t, s, "pending", 1, 10_000_000)
+
+	c.advance(2 * time.Hour)
+	s.expire(c.Now().Add(-time.Hour))
+
+	if n := s.Len(); n != 1 {
+		t.Fatalf("%d sessions after expiry, want 1 (the one with a pending retry)", n)
+	}
+	if _, err := s.lookup(idleID); err == nil {
+		t.Errorf("expired session's retry %s is still indexed", idleID)
+	}
+	if _, err := s.lookup(pending.GetDecision().GetSchedule().GetRetryId()); err != nil {
+		t.Errorf("pending retry lost: %v", err)
+	}
+	if _, err := s.GetChains(context.Background(), "idle"); err == nil {
+		t.Error("expired session still answers GetChains")
+	}
+}
+
+func TestRetainedRetriesAreBounded(t *testing.T) {
+	t.Parallel()
+	s := New(Config{})
+	defer s.Close()
+	var ids []string
+	for step := uint64(1); step <= engine.MaxRetainedRetries+4; step++ {
+		resp := fail(t, s, "s", step, 1_000_000)
+		id := resp.GetDecision().GetSchedule().GetRetryId()
+		if id == "" {
+			// The budget of 2 is used: the chain closed, the next failure starts again.
+			continue
+		}
+		ids = append(ids, id)
+		if _, err := s.CancelRetry(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	indexed := 0
+	for _, id := range ids {
+		if _, err := s.lookup(id); err == nil {
+			indexed++
+		}
+	}
+	if indexed != engine.MaxRetainedRetries {
+		t.Errorf("%d of %d retries still indexed, want %d", indexed, len(ids), engine.MaxRetainedRetries)
+	}
+	if _, err := s.lookup(ids[0]); err == nil {
+		t.Error("the oldest retry is still indexed")
+	}
+}
+
+func TestTimerHeapOrder(t *testing.T) {
+	t.Parallel()
+	h := newTimerHeap()
+	base := time.Now().Add(-time.Second)
+	for _, i := range []int{5, 1, 4, 2, 3} {
+		h.push(base.Add(time.Duration(i)*time.Millisecond), &engine.Retry{ID: fmt.Sprint(i)}, timerDue)
+	}
+	for want := 1; want <= 5; want++ {
+		e, ok := h.next(time.Now)
+		if !ok || e.retry.ID != fmt.Sprint(want) {
+			t.Fatalf("entry %d: got %v %v", want, e.retry.ID, ok)
+		}
+	}
+	h.stop()
+	if _, ok := h.next(time.Now); ok {
+		t.Error("next after stop returned an entry")
+	}
+}
+
+// BenchmarkFailedStep measures one decision through the store (no gRPC):
+// a fresh session per iteration, as in a storm of first failures.
+func BenchmarkFailedStep(b *testing.B) {
+	s := New(Config{})
+	defer s.Close()
+	p, err := policy.Resolve(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			_, err := s.FailedStep(context.Background(), engine.Failure{
+				Request: &retrydv1.FailedStepRequest{SessionId: fmt.Sprintf("s-%p-%d", pb, i), Turn: 1, Step: 1,
+					Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}},
+				Policy: p,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -80,6 +80,10 @@ func (p *Policy) Decide(a Attempt, now time.Time, rng Rand) Decision {
 		return delegate(retrydv1.DelegateReason_DELEGATE_REASON_CODE_NOT_RETRYABLE,
 			"code %s is not retryable under policy %s", a.Code, p.Key)
 	}
+	if a.Retries == math.MaxUint32 {
+		return delegate(retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED,
+			"the chain's retry counter is exhausted (%d retries)", a.Retries)
+	}
 	if p.Bounded && a.Retries >= p.MaxRetries {
 		return delegate(retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED,
 			"%d of %d retries used", a.Retries, p.MaxRetries)
@@ -88,13 +92,16 @@ func (p *Policy) Decide(a Attempt, now time.Time, rng Rand) Decision {
 	d.DelayMs, d.Source = p.localDelay(d.RetryNumber, rng)
 	if ra := a.RetryAfter; ra.Valid {
 		overCap := ra.Over || ra.Ms > p.DelayCapMs()
+		honorable := !ra.Over && ra.Ms <= MaxDelayMs
 		switch {
 		case !overCap:
 			d.DelayMs, d.Source = ra.Ms, retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_RETRY_AFTER
-		case p.OverCap == retrydv1.RetryAfterOverCap_RETRY_AFTER_OVER_CAP_HONOR && !ra.Over && ra.Ms <= MaxDelayMs:
+		case p.OverCap == retrydv1.RetryAfterOverCap_RETRY_AFTER_OVER_CAP_HONOR && honorable:
 			d.DelayMs, d.Source = ra.Ms, retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_RETRY_AFTER
-		case p.OverCap == retrydv1.RetryAfterOverCap_RETRY_AFTER_OVER_CAP_LOCAL:
-			// Keep the local delay: the policy must not end on this instruction.
+		case p.OverCap == retrydv1.RetryAfterOverCap_RETRY_AFTER_OVER_CAP_LOCAL,
+			p.OverCap == retrydv1.RetryAfterOverCap_RETRY_AFTER_OVER_CAP_HONOR && p.Mode != retrydv1.Mode_MODE_NORMAL:
+			// Keep the local delay: unlimited modes must not end on a provider
+			// instruction, even one too large to honour.
 		default:
 			return delegate(retrydv1.DelegateReason_DELEGATE_REASON_RETRY_AFTER_OVER_CAP,
 				"provider asked for %s, over the policy's cap of %d ms", ra, p.DelayCapMs())

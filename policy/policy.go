@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // Defaults and bounds. The numbers come from the harness's built-in executor
@@ -230,6 +231,9 @@ func resolveBackoff(vs *violations, b *retrydv1.Backoff, out *Policy) {
 		if math.IsNaN(out.JitterRatio) || out.JitterRatio < 0 || out.JitterRatio > 1 {
 			vs.add("backoff.jitter_ratio", "must be within [0, 1], got %v", out.JitterRatio)
 		}
+		if out.JitterRatio == 0 {
+			out.JitterRatio = 0 // -0 behaves as 0 and must give the same key
+		}
 	}
 	switch b.GetJitter() {
 	case retrydv1.Jitter_JITTER_UNSPECIFIED, retrydv1.Jitter_JITTER_SYMMETRIC:
@@ -241,7 +245,7 @@ func resolveBackoff(vs *violations, b *retrydv1.Backoff, out *Policy) {
 }
 
 func resolveSchedule(vs *violations, p *retrydv1.RetryPolicy, out *Policy) {
-	out.Schedule = DefaultSchedule
+	out.Schedule = slices.Clone(DefaultSchedule)
 	if s := p.GetSchedule(); len(s) > 0 {
 		if len(s) > MaxScheduleLen {
 			vs.add("schedule", "at most %d entries, got %d", MaxScheduleLen, len(s))
@@ -363,21 +367,21 @@ func (p *Policy) Proto() *retrydv1.RetryPolicy {
 		Mode:              p.Mode,
 		RetryableCodes:    slices.Clone(p.Codes),
 		RetryAfterOverCap: p.OverCap,
-		MinAttemptMs:      &p.MinAttemptMs,
+		MinAttemptMs:      proto.Uint64(p.MinAttemptMs),
 	}
 	if p.Bounded {
-		out.MaxRetries = &p.MaxRetries
+		out.MaxRetries = proto.Uint32(p.MaxRetries)
 	}
 	switch p.Mode {
 	case retrydv1.Mode_MODE_SCHEDULE:
 		out.Schedule = slices.Clone(p.Schedule)
-		out.TailDelayMs = &p.TailDelayMs
+		out.TailDelayMs = proto.Uint64(p.TailDelayMs)
 	default:
 		out.Backoff = &retrydv1.Backoff{
-			InitialDelayMs: &p.InitialDelayMs,
-			MaxDelayMs:     &p.MaxDelayMs,
-			Multiplier:     &p.Multiplier,
-			JitterRatio:    &p.JitterRatio,
+			InitialDelayMs: proto.Uint64(p.InitialDelayMs),
+			MaxDelayMs:     proto.Uint64(p.MaxDelayMs),
+			Multiplier:     proto.Float64(p.Multiplier),
+			JitterRatio:    proto.Float64(p.JitterRatio),
 			Jitter:         p.Jitter,
 		}
 	}

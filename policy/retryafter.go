@@ -31,14 +31,12 @@ func (r RetryAfter) String() string {
 }
 
 // ProviderRetryAfter interprets the two ways a failure can carry a provider
-// delay: ms (already in milliseconds; takes precedence when present) and
+// delay: ms (already in milliseconds; takes precedence when present and not negative) and
 // header (a raw HTTP Retry-After: delta-seconds or an HTTP-date, resolved
 // against now). Negative or malformed values are ignored.
 func ProviderRetryAfter(ms *int64, header *string, now time.Time) RetryAfter {
-	if ms != nil {
+	if ms != nil && *ms >= 0 { // a negative value is malformed: fall back to the header
 		switch v := *ms; {
-		case v < 0:
-			return RetryAfter{}
 		case v > MaxDelayMs:
 			return RetryAfter{Valid: true, Over: true}
 		default:

@@ -21,6 +21,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
+// MaxChainAttempts is how many attempt trace contexts a chain remembers
+// for linking its next decision to them.
+const MaxChainAttempts = 32
+
 // MaxRetainedRetries is how many retries (the pending one included) a
 // session keeps so that AwaitRetry and CancelRetries can answer for them;
 // older terminal retries are forgotten and answer NOT_FOUND.
@@ -79,6 +83,9 @@ type Chain struct {
 	Open    bool
 	Latest  *Retry
 	Updated time.Time
+	// attempts are the W3C traceparents of the chain's failed attempts,
+	// oldest first, at most MaxChainAttempts.
+	attempts []string
 }
 
 // Retry is one scheduled retry.
@@ -173,6 +180,12 @@ type Failure struct {
 	Policy *policy.Policy
 	// RetryAfter is the parsed provider delay instruction.
 	RetryAfter policy.RetryAfter
+	// AttemptTrace is the W3C traceparent of the caller's failed attempt
+	// span, if it sent one; the chain remembers it for later links.
+	AttemptTrace string
+	// BackoffTrace is the W3C traceparent of the backoff span the service
+	// opened for a retry this failure may schedule.
+	BackoffTrace string
 }
 
 // FailOutcome is what Fail changed.
@@ -184,6 +197,9 @@ type FailOutcome struct {
 	Scheduled *Retry
 	// Forgotten are retries no longer retained (unindex them).
 	Forgotten []*Retry
+	// PreviousAttempts are the traceparents of the chain's earlier failed
+	// attempts (not this one), oldest first, for span links.
+	PreviousAttempts []string
 }
 
 func fingerprint(req *retrydv1.FailedStepRequest) [sha256.Size]byte {
@@ -257,6 +273,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 		var used uint32
 		if chain != nil && chain.Open {
 			used = chain.Retries
+			out.PreviousAttempts = slices.Clone(chain.attempts)
 		}
 		d := p.Decide(policy.Attempt{
 			Retries:    used,
@@ -279,7 +296,13 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 				s.chains[key] = chain
 			}
 			if !chain.Open {
-				chain.Open, chain.Retries = true, 0
+				chain.Open, chain.Retries, chain.attempts = true, 0, nil
+			}
+			if f.AttemptTrace != "" {
+				chain.attempts = append(chain.attempts, f.AttemptTrace)
+				if n := len(chain.attempts); n > MaxChainAttempts {
+					chain.attempts = slices.Delete(chain.attempts, 0, n-MaxChainAttempts)
+				}
 			}
 			if p.Bounded {
 				chain.Max = &p.MaxRetries
@@ -369,6 +392,7 @@ func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) 
 		DelaySource:   d.Source,
 		DueAt:         timestamppb.New(due),
 		Policy:        p.Proto(),
+		Traceparent:   f.BackoffTrace,
 	}
 	chain.Retries = d.RetryNumber
 	chain.Latest = r
@@ -414,6 +438,7 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	r.Started = &retrydv1.RetryStarted{
 		RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(),
 		RetryNumber: sc.GetRetryNumber(), StartedAt: timestamppb.New(env.Now),
+		Traceparent: sc.GetTraceparent(),
 	}
 	if s.pending == r {
 		s.pending = nil
@@ -527,6 +552,29 @@ func (s *Session) Chains() *retrydv1.GetChainsResponse {
 		resp.Chains = append(resp.Chains, pc)
 	}
 	return resp
+}
+
+// Expire closes the session's open chains (reason expired) before the
+// store forgets the session, so the log shows why numbering restarts.
+func (s *Session) Expire(env Env) []*retrydv1.Event {
+	var evs []*retrydv1.Event
+	for _, c := range s.sortedChains() {
+		if c.Open {
+			evs = append(evs, s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_EXPIRED))
+		}
+	}
+	return evs
+}
+
+// OpenChains counts the session's open chains.
+func (s *Session) OpenChains() int {
+	n := 0
+	for _, c := range s.chains {
+		if c.Open {
+			n++
+		}
+	}
+	return n
 }
 
 // Retries returns the retained retries, oldest first.

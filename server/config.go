@@ -40,6 +40,9 @@ type Config struct {
 	LogLevel string
 	// LogFormat is text or json (flag --log-format, env RETRYD_LOG_FORMAT).
 	LogFormat string
+	// MetricsListen is the HTTP address of the Prometheus /metrics endpoint;
+	// empty turns it off (flag --metrics-listen, env RETRYD_METRICS_LISTEN).
+	MetricsListen string
 }
 
 // DefaultConfig returns the defaults.
@@ -67,6 +70,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.EventLogSize, "event-log-size", c.EventLogSize, "how many events the log retains (env RETRYD_EVENT_LOG_SIZE)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (env RETRYD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
 }
 
 // EnvNames maps each flag to its environment variable.
@@ -79,6 +83,7 @@ var EnvNames = map[string]string{
 	"event-log-size":   "RETRYD_EVENT_LOG_SIZE",
 	"log-level":        "RETRYD_LOG_LEVEL",
 	"log-format":       "RETRYD_LOG_FORMAT",
+	"metrics-listen":   "RETRYD_METRICS_LISTEN",
 }
 
 // ApplyEnv sets every flag of fs that has an environment variable present
@@ -116,10 +121,16 @@ func (c *Config) Validate() error {
 	bad := func(field, value, reason string) {
 		errs = append(errs, &FieldError{Field: field, Value: value, Reason: reason})
 	}
-	if _, port, err := net.SplitHostPort(c.Listen); err != nil {
-		bad("listen", c.Listen, "want host:port, e.g. 127.0.0.1:7700 or :7700")
-	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		bad("listen", c.Listen, "port must be 0-65535")
+	checkAddr := func(field, addr string) {
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			bad(field, addr, "want host:port, e.g. 127.0.0.1:7700 or :7700")
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(field, addr, "port must be 0-65535")
+		}
+	}
+	checkAddr("listen", c.Listen)
+	if c.MetricsListen != "" {
+		checkAddr("metrics-listen", c.MetricsListen)
 	}
 	if c.ChainTTL < time.Second {
 		bad("chain-ttl", c.ChainTTL.String(), "must be at least 1s")

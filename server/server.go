@@ -2,21 +2,29 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/telemetry"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 )
+
+// Version is the server's version, reported in traces and by `retryd
+// version`; set at build time with -ldflags "-X ….server.Version=…".
+var Version = "0.1.0-dev"
 
 // NewLogger builds the logger the configuration asks for.
 func NewLogger(c Config, w io.Writer) *slog.Logger {
@@ -30,9 +38,10 @@ func NewLogger(c Config, w io.Writer) *slog.Logger {
 
 // Run serves until ctx is done, then shuts down: health reports NOT_SERVING,
 // every awaiter receives Cancelled (reason shutdown), in-flight calls drain,
-// and the gRPC server stops within ShutdownTimeout. The listener is bound
-// before Run logs "serving" with its address.
-func Run(ctx context.Context, c Config, log *slog.Logger) error {
+// and the gRPC server stops within ShutdownTimeout. The listeners are bound
+// before Run logs "serving" with their addresses. Tracing and metrics are
+// configured from the OTEL_* variables read through getenv.
+func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) string) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -43,9 +52,28 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 			return err
 		}
 	}
+	tel, err := telemetry.Setup(ctx, Version, getenv)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(sctx); err != nil {
+			log.Warn("flushing telemetry", "err", err)
+		}
+	}()
+
 	lis, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return fmt.Errorf("server: listen: %w", err)
+	}
+	var metricsLis net.Listener
+	if c.MetricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", c.MetricsListen); err != nil {
+			lis.Close()
+			return fmt.Errorf("server: metrics listen: %w", err)
+		}
 	}
 
 	store := memory.New(memory.Config{
@@ -53,24 +81,55 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		AbandonGrace: c.AbandonGrace,
 		EventLogSize: c.EventLogSize,
 	})
-	srv := grpc.NewServer()
-	retrydv1.RegisterRetryServiceServer(srv, service.New(store,
-		service.WithPolicies(policies), service.WithLogger(log)))
+	svc, err := service.New(store,
+		service.WithPolicies(policies), service.WithLogger(log),
+		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(tel.Meter))
+	if err != nil {
+		store.Close()
+		return err
+	}
+	srv := grpc.NewServer(grpc.StatsHandler(otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter))))
+	retrydv1.RegisterRetryServiceServer(srv, svc)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
 
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(lis) }()
-	log.Info("serving", "addr", lis.Addr().String(), "store", "memory",
-		"named_policies", len(policies.Names()), "provider_policies", len(policies.Providers()))
+	observeCtx, stopObserving := context.WithCancel(context.Background())
+	observed := make(chan struct{})
+	go func() {
+		defer close(observed)
+		if err := svc.Observe(observeCtx); err != nil {
+			log.Error("observing the event log", "err", err)
+		}
+	}()
 
+	serveErr := make(chan error, 2)
+	go func() { serveErr <- srv.Serve(lis) }()
+	var metricsSrv *http.Server
+	if metricsLis != nil {
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", tel.Handler)
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("metrics: %w", err)
+			}
+		}()
+	}
+	attrs := []any{"addr", lis.Addr().String(), "store", "memory", "tracing", tel.TracingEnabled,
+		"named_policies", len(policies.Names()), "provider_policies", len(policies.Providers())}
+	if metricsLis != nil {
+		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
+	}
+	log.Info("serving", attrs...)
+
+	var runErr error
 	select {
 	case err := <-serveErr:
-		store.Close()
-		return fmt.Errorf("server: serve: %w", err)
+		runErr = fmt.Errorf("server: serve: %w", err)
 	case <-ctx.Done():
 	}
 
@@ -90,6 +149,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger) error {
 		srv.Stop()
 		<-stopped
 	}
+	stopObserving()
+	<-observed
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		cancel()
+	}
 	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond))
-	return nil
+	return runErr
 }

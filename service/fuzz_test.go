@@ -40,7 +40,10 @@ func FuzzFailedStep(f *testing.F) {
 		}
 		store := memory.New(memory.Config{})
 		defer store.Close()
-		svc := service.New(store)
+		svc, err := service.New(store)
+		if err != nil {
+			t.Fatal(err)
+		}
 		resp, err := svc.FailedStep(context.Background(), &req)
 		if err != nil {
 			switch status.Code(err) {

@@ -69,7 +69,11 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 				opts = append(opts, service.WithPolicies(ps))
 			}
 			srv := grpc.NewServer()
-			retrydv1.RegisterRetryServiceServer(srv, service.New(store, opts...))
+			svc, err := service.New(store, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			retrydv1.RegisterRetryServiceServer(srv, svc)
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

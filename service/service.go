@@ -7,6 +7,7 @@ package service
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,7 +26,7 @@ import (
 // memory store is the default; durable stores implement the same contract.
 type Store interface {
 	// FailedStep decides a validated failure (see engine.Session.Fail).
-	FailedStep(ctx context.Context, f engine.Failure) (*retrydv1.FailedStepResponse, error)
+	FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error)
 	// AwaitRetry sends the retry's state, then its one terminal message.
 	AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error
 	// CancelRetry cancels one pending retry; a terminal one is reported as is.
@@ -50,6 +53,9 @@ type Service struct {
 	policies *config.Policies
 	log      *slog.Logger
 	now      func() time.Time
+	tp       trace.TracerProvider
+	mp       metric.MeterProvider
+	tel      *telemetry
 }
 
 // Option configures a Service.
@@ -69,18 +75,50 @@ func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(s *Service) { s.log = l })
 }
 
+// WithTracerProvider sets where decision and backoff spans go. Without it
+// (or with a no-op provider) the service records no spans and extracts no
+// trace contexts.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(s *Service) { s.tp = tp })
+}
+
+// WithMeterProvider sets where the service's metrics go.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(s *Service) { s.mp = mp })
+}
+
 // WithClock replaces time.Now (tests).
 func WithClock(now func() time.Time) Option {
 	return optionFunc(func(s *Service) { s.now = now })
 }
 
 // New returns a Service over store.
-func New(store Store, opts ...Option) *Service {
+func New(store Store, opts ...Option) (*Service, error) {
 	s := &Service{store: store, policies: config.Default(), log: slog.Default(), now: time.Now}
 	for _, o := range opts {
 		o.apply(s)
 	}
-	return s
+	tel, err := newTelemetry(s.tp, s.mp)
+	if err != nil {
+		return nil, fmt.Errorf("service: metrics: %w", err)
+	}
+	s.tel = tel
+	if err := registerStoreGauges(s.mp, store); err != nil {
+		return nil, fmt.Errorf("service: metrics: %w", err)
+	}
+	return s, nil
+}
+
+// Observe follows the store's event log to end backoff spans and count
+// starts and cancellations. Run it in one goroutine for the server's life;
+// it returns when ctx ends or the store closes.
+func (s *Service) Observe(ctx context.Context) error {
+	err := s.tel.observe(ctx, s.store)
+	s.tel.endAll()
+	if errors.Is(err, context.Canceled) || errors.Is(err, ErrShutdown) {
+		return nil
+	}
+	return err
 }
 
 // FailedStep implements RetryService.FailedStep.
@@ -89,11 +127,14 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.store.FailedStep(ctx, f)
+	began := time.Now()
+	ctx, span, backoff := s.tel.startDecision(ctx, &f)
+	out, err := s.store.FailedStep(ctx, f)
+	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return resp, nil
+	return out.Response, nil
 }
 
 // failure validates req and resolves its policy.

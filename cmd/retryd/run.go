@@ -17,9 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "0.1.0-dev"
-
 // errViolations makes verify exit non-zero after printing what it found.
 var errViolations = errors.New("invariant violations found")
 
@@ -36,7 +33,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "verify":
 		return verify(ctx, args, stdout, stderr)
 	case "version":
-		fmt.Fprintln(stdout, "retryd", version)
+		fmt.Fprintln(stdout, "retryd", server.Version)
 		return nil
 	default:
 		return fmt.Errorf("unknown command %q (want serve, check-config, verify or version)", cmd)
@@ -57,7 +54,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	return server.Run(ctx, cfg, server.NewLogger(cfg, stderr))
+	return server.Run(ctx, cfg, server.NewLogger(cfg, stderr), getenv)
 }
 
 func checkConfig(args []string, getenv func(string) string, stdout, stderr io.Writer) error {

@@ -13,6 +13,7 @@ import (
 	"hash/maphash"
 	mrand "math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/retryd/retryd/engine"
@@ -50,6 +51,8 @@ type Store struct {
 	index  [shardCount]indexShard
 	log    *eventLog
 	timers *timerHeap
+
+	awaiters atomic.Int64
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -158,7 +161,7 @@ func (s *Store) unindex(rs []*engine.Retry) {
 }
 
 // FailedStep implements service.Store.
-func (s *Store) FailedStep(_ context.Context, f engine.Failure) (*retrydv1.FailedStepResponse, error) {
+func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutcome, error) {
 	id := f.Request.GetSessionId()
 	sh := s.shardOf(id)
 	sh.mu.Lock()
@@ -171,7 +174,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (*retrydv1.Faile
 	}
 	out, err := sess.Fail(env, f)
 	if err != nil {
-		return nil, err
+		return engine.FailOutcome{}, err
 	}
 	if fresh {
 		sh.sessions[id] = sess
@@ -182,7 +185,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (*retrydv1.Faile
 		s.timers.push(r.Due, r, timerDue)
 	}
 	s.unindex(out.Forgotten)
-	return out.Response, nil
+	return out, nil
 }
 
 // AwaitRetry implements service.Store.
@@ -197,6 +200,7 @@ func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retry
 	watching := term == nil
 	if watching {
 		r.Awaiters++
+		s.awaiters.Add(1)
 	}
 	state := r.State()
 	if sess := sh.sessions[r.SessionID]; watching && sess != nil && !s.cfg.Now().Before(r.Due) {
@@ -212,6 +216,7 @@ func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retry
 		sh.mu.Lock()
 		r.Awaiters--
 		sh.mu.Unlock()
+		s.awaiters.Add(-1)
 	}
 	if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: state}}); err != nil {
 		if watching {
@@ -379,12 +384,32 @@ func (s *Store) expire(before time.Time) {
 		sh.mu.Lock()
 		for id, sess := range sh.sessions {
 			if sess.Pending() == nil && sess.Updated.Before(before) {
+				s.log.append(sess.Expire(s.env())...)
 				delete(sh.sessions, id)
 				s.unindex(sess.Retries())
 			}
 		}
 		sh.mu.Unlock()
 	}
+}
+
+// Stats implements service.StatsSource: it scans every shard, so it is
+// meant for metrics scrapes, not hot paths.
+func (s *Store) Stats() service.Stats {
+	st := service.Stats{Awaiters: s.awaiters.Load()}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Sessions += int64(len(sh.sessions))
+		for _, sess := range sh.sessions {
+			st.OpenChains += int64(sess.OpenChains())
+			if sess.Pending() != nil {
+				st.PendingRetries++
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return st
 }
 
 // Len reports how many sessions the store holds.

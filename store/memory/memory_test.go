@@ -38,7 +38,7 @@ func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := s.FailedStep(context.Background(), engine.Failure{
+	out, err := s.FailedStep(context.Background(), engine.Failure{
 		Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: step, Step: step, Provider: "p",
 			Failure: &retrydv1.Failure{Code: "SERVER"}},
 		Policy: p,
@@ -46,7 +46,7 @@ func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp
+	return out.Response
 }
 
 func TestExpiryKeepsPendingSessions(t *testing.T) {
@@ -61,10 +61,26 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := fail(t, s, "pending", 1, 10_000_000)
+	// A session whose chain is open (its retry started) closes it on expiry.
+	open := fail(t, s, "open", 1, 1)
+	r, err := s.lookup(open.GetDecision().GetSchedule().GetRetryId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh := s.shardOf("open")
+	sh.mu.Lock()
+	if ev, ok := sh.sessions["open"].Start(s.env(), r); ok {
+		s.log.append(ev)
+	}
+	sh.mu.Unlock()
 
 	c.advance(2 * time.Hour)
 	s.expire(c.Now().Add(-time.Hour))
 
+	evs, _, _ := s.log.read(0, "open", 100)
+	if last := evs[len(evs)-1].GetClosed(); last.GetReason() != retrydv1.CloseReason_CLOSE_REASON_EXPIRED {
+		t.Errorf("expiry of an open chain logged %v, want a closed(expired) event", evs[len(evs)-1])
+	}
 	if n := s.Len(); n != 1 {
 		t.Fatalf("%d sessions after expiry, want 1 (the one with a pending retry)", n)
 	}

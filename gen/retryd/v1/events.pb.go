@@ -235,6 +235,8 @@ const (
 	CloseReason_CLOSE_REASON_CANCELLED CloseReason = 2
 	// The chain used its finite retry budget.
 	CloseReason_CLOSE_REASON_EXHAUSTED CloseReason = 3
+	// The session was idle for longer than the chain TTL and was forgotten.
+	CloseReason_CLOSE_REASON_EXPIRED CloseReason = 4
 )
 
 // Enum value maps for CloseReason.
@@ -244,12 +246,14 @@ var (
 		1: "CLOSE_REASON_SUCCEEDED",
 		2: "CLOSE_REASON_CANCELLED",
 		3: "CLOSE_REASON_EXHAUSTED",
+		4: "CLOSE_REASON_EXPIRED",
 	}
 	CloseReason_value = map[string]int32{
 		"CLOSE_REASON_UNSPECIFIED": 0,
 		"CLOSE_REASON_SUCCEEDED":   1,
 		"CLOSE_REASON_CANCELLED":   2,
 		"CLOSE_REASON_EXHAUSTED":   3,
+		"CLOSE_REASON_EXPIRED":     4,
 	}
 )
 
@@ -677,7 +681,10 @@ type RetryScheduled struct {
 	DueAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=due_at,json=dueAt,proto3" json:"due_at,omitempty"`
 	// The policy with every default resolved, so a reader can check the
 	// delay against the policy's bounds.
-	Policy        *RetryPolicy `protobuf:"bytes,14,opt,name=policy,proto3" json:"policy,omitempty"`
+	Policy *RetryPolicy `protobuf:"bytes,14,opt,name=policy,proto3" json:"policy,omitempty"`
+	// The W3C traceparent of the retry's backoff span, when retryd exports
+	// traces; empty otherwise.
+	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -808,6 +815,13 @@ func (x *RetryScheduled) GetPolicy() *RetryPolicy {
 		return x.Policy
 	}
 	return nil
+}
+
+func (x *RetryScheduled) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // RetryDelegated records that retryd declined to retry a failure.
@@ -941,7 +955,10 @@ type RetryStarted struct {
 	// The retry number named by the scheduled retry.
 	RetryNumber uint32 `protobuf:"varint,4,opt,name=retry_number,json=retryNumber,proto3" json:"retry_number,omitempty"`
 	// When the start was recorded (at or after the due time).
-	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// The W3C traceparent of the retry's backoff span, when retryd exports
+	// traces: the agent parents or links its retry attempt to it.
+	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1009,6 +1026,13 @@ func (x *RetryStarted) GetStartedAt() *timestamppb.Timestamp {
 		return x.StartedAt
 	}
 	return nil
+}
+
+func (x *RetryStarted) GetTraceparent() string {
+	if x != nil {
+		return x.Traceparent
+	}
+	return ""
 }
 
 // RetryCancelled confirms that a retry will not start, or that an open
@@ -1194,7 +1218,7 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\astarted\x18\f \x01(\v2\x17.retryd.v1.RetryStartedH\x00R\astarted\x129\n" +
 	"\tcancelled\x18\r \x01(\v2\x19.retryd.v1.RetryCancelledH\x00R\tcancelled\x120\n" +
 	"\x06closed\x18\x0e \x01(\v2\x16.retryd.v1.ChainClosedH\x00R\x06closedB\x06\n" +
-	"\x04kind\"\x9b\x04\n" +
+	"\x04kind\"\xbd\x04\n" +
 	"\x0eRetryScheduled\x12\x19\n" +
 	"\bretry_id\x18\x01 \x01(\tR\aretryId\x12\x12\n" +
 	"\x04turn\x18\x02 \x01(\x04R\x04turn\x12\x12\n" +
@@ -1212,7 +1236,8 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\bdelay_ms\x18\v \x01(\x04R\adelayMs\x129\n" +
 	"\fdelay_source\x18\f \x01(\x0e2\x16.retryd.v1.DelaySourceR\vdelaySource\x121\n" +
 	"\x06due_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12.\n" +
-	"\x06policy\x18\x0e \x01(\v2\x16.retryd.v1.RetryPolicyR\x06policyB\x0e\n" +
+	"\x06policy\x18\x0e \x01(\v2\x16.retryd.v1.RetryPolicyR\x06policy\x12 \n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparentB\x0e\n" +
 	"\f_max_retries\"\xc8\x02\n" +
 	"\x0eRetryDelegated\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x04R\x04turn\x12\x12\n" +
@@ -1226,14 +1251,15 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\x06detail\x18\b \x01(\tR\x06detail\x125\n" +
 	"\n" +
 	"downstream\x18\t \x01(\x0e2\x15.retryd.v1.DownstreamR\n" +
-	"downstream\"\xaf\x01\n" +
+	"downstream\"\xd1\x01\n" +
 	"\fRetryStarted\x12\x19\n" +
 	"\bretry_id\x18\x01 \x01(\tR\aretryId\x12\x12\n" +
 	"\x04turn\x18\x02 \x01(\x04R\x04turn\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12!\n" +
 	"\fretry_number\x18\x04 \x01(\rR\vretryNumber\x129\n" +
 	"\n" +
-	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xa7\x01\n" +
+	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12 \n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\"\xa7\x01\n" +
 	"\x0eRetryCancelled\x12\x19\n" +
 	"\bretry_id\x18\x01 \x01(\tR\aretryId\x12/\n" +
 	"\x06reason\x18\x02 \x01(\x0e2\x17.retryd.v1.CancelReasonR\x06reason\x12\x12\n" +
@@ -1267,12 +1293,13 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\x17CANCEL_REASON_REQUESTED\x10\x01\x12\x1b\n" +
 	"\x17CANCEL_REASON_ABANDONED\x10\x02\x12\x1a\n" +
 	"\x16CANCEL_REASON_SHUTDOWN\x10\x03\x12\x19\n" +
-	"\x15CANCEL_REASON_EXPIRED\x10\x04*\x7f\n" +
+	"\x15CANCEL_REASON_EXPIRED\x10\x04*\x99\x01\n" +
 	"\vCloseReason\x12\x1c\n" +
 	"\x18CLOSE_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CLOSE_REASON_SUCCEEDED\x10\x01\x12\x1a\n" +
 	"\x16CLOSE_REASON_CANCELLED\x10\x02\x12\x1a\n" +
-	"\x16CLOSE_REASON_EXHAUSTED\x10\x03*s\n" +
+	"\x16CLOSE_REASON_EXHAUSTED\x10\x03\x12\x18\n" +
+	"\x14CLOSE_REASON_EXPIRED\x10\x04*s\n" +
 	"\n" +
 	"Downstream\x12\x1a\n" +
 	"\x16DOWNSTREAM_UNSPECIFIED\x10\x00\x12\x18\n" +

@@ -1,0 +1,62 @@
+package service
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+)
+
+// Stats is a store's current population.
+type Stats struct {
+	Sessions       int64
+	OpenChains     int64
+	PendingRetries int64
+	Awaiters       int64
+}
+
+// StatsSource is implemented by stores that can report their population
+// cheaply enough for a metrics scrape.
+type StatsSource interface {
+	Stats() Stats
+}
+
+func registerStoreGauges(mp metric.MeterProvider, store Store) error {
+	src, ok := store.(StatsSource)
+	if !ok {
+		return nil
+	}
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	m := mp.Meter(instrumentationName)
+	sessions, err := m.Int64ObservableGauge("retryd.sessions", metric.WithUnit("{session}"),
+		metric.WithDescription("Sessions the store holds."))
+	if err != nil {
+		return err
+	}
+	chains, err := m.Int64ObservableGauge("retryd.chains.open", metric.WithUnit("{chain}"),
+		metric.WithDescription("Open retry chains."))
+	if err != nil {
+		return err
+	}
+	pending, err := m.Int64ObservableGauge("retryd.retries.pending", metric.WithUnit("{retry}"),
+		metric.WithDescription("Scheduled retries that have neither started nor been cancelled."))
+	if err != nil {
+		return err
+	}
+	awaiters, err := m.Int64ObservableGauge("retryd.awaiters", metric.WithUnit("{stream}"),
+		metric.WithDescription("Connected AwaitRetry streams."))
+	if err != nil {
+		return err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		st := src.Stats()
+		o.ObserveInt64(sessions, st.Sessions)
+		o.ObserveInt64(chains, st.OpenChains)
+		o.ObserveInt64(pending, st.PendingRetries)
+		o.ObserveInt64(awaiters, st.Awaiters)
+		return nil
+	}, sessions, chains, pending, awaiters)
+	return err
+}

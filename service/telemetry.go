@@ -1,0 +1,356 @@
+package service
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc/metadata"
+)
+
+// Span and attribute names. retryd's own attributes live under retryd.*;
+// the provider and the failure code use the semantic conventions
+// gen_ai.provider.name and error.type.
+const (
+	instrumentationName = "github.com/retryd/retryd/service"
+
+	spanDecide  = "retryd.decide"
+	spanBackoff = "retryd.backoff"
+
+	attrSessionID     = attribute.Key("retryd.session.id")
+	attrTurn          = attribute.Key("retryd.turn")
+	attrStep          = attribute.Key("retryd.step")
+	attrLogicalTurnID = attribute.Key("retryd.logical_turn.id")
+	attrRetryID       = attribute.Key("retryd.retry.id")
+	attrRetryNumber   = attribute.Key("retryd.retry.number")
+	attrRetryMax      = attribute.Key("retryd.retry.max")
+	attrMode          = attribute.Key("retryd.mode")
+	attrPolicyKey     = attribute.Key("retryd.policy.key")
+	attrDelayMs       = attribute.Key("retryd.delay_ms")
+	attrDelaySource   = attribute.Key("retryd.delay.source")
+	attrDecision      = attribute.Key("retryd.decision")
+	attrReason        = attribute.Key("retryd.delegate.reason")
+	attrCancelReason  = attribute.Key("retryd.cancel.reason")
+	attrLatenessMs    = attribute.Key("retryd.start.lateness_ms")
+)
+
+// maxProviderLabels bounds the provider label's values in metrics: the
+// first providers seen keep their name, later ones are counted as "other".
+const maxProviderLabels = 64
+
+// telemetry is the service's tracing and metrics.
+type telemetry struct {
+	tracer  trace.Tracer
+	enabled bool // spans are recorded: worth extracting trace contexts
+
+	decisions     metric.Int64Counter
+	attempts      metric.Int64Counter
+	started       metric.Int64Counter
+	cancelled     metric.Int64Counter
+	operations    metric.Int64Counter
+	decisionTime  metric.Float64Histogram
+	startLateness metric.Float64Histogram
+
+	mu        sync.Mutex
+	backoffs  map[string]trace.Span // retry id → open backoff span
+	providers map[string]struct{}
+	dues      map[string]time.Time // retry id → due time, for pending retries (observe only)
+}
+
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+	if tp == nil {
+		tp = tracenoop.NewTracerProvider()
+	}
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	_, noopTracer := tp.(tracenoop.TracerProvider)
+	t := &telemetry{
+		tracer:    tp.Tracer(instrumentationName),
+		enabled:   !noopTracer,
+		backoffs:  make(map[string]trace.Span),
+		providers: make(map[string]struct{}),
+		dues:      make(map[string]time.Time),
+	}
+	m := mp.Meter(instrumentationName)
+	var err error
+	must := func(f func() error) {
+		if err == nil {
+			err = f()
+		}
+	}
+	must(func() (e error) {
+		t.attempts, e = m.Int64Counter("retryd.attempts.failed", metric.WithUnit("{attempt}"),
+			metric.WithDescription("Failed model requests reported by agents (FailedStep calls that were decided)."))
+		return
+	})
+	must(func() (e error) {
+		t.decisions, e = m.Int64Counter("retryd.decisions", metric.WithUnit("{decision}"),
+			metric.WithDescription("Decisions by outcome (schedule or delegate), delegate reason, provider and mode."))
+		return
+	})
+	must(func() (e error) {
+		t.started, e = m.Int64Counter("retryd.retries.started", metric.WithUnit("{retry}"),
+			metric.WithDescription("Retries whose backoff ended with an agent present (Started recorded)."))
+		return
+	})
+	must(func() (e error) {
+		t.cancelled, e = m.Int64Counter("retryd.retries.cancelled", metric.WithUnit("{retry}"),
+			metric.WithDescription("Retries cancelled before starting, by reason (requested, abandoned, expired)."))
+		return
+	})
+	must(func() (e error) {
+		t.operations, e = m.Int64Counter("retryd.operations", metric.WithUnit("{operation}"),
+			metric.WithDescription("Logical operations that ended in retryd's hands: recovered (a step succeeded after retries) or delegated."))
+		return
+	})
+	must(func() (e error) {
+		t.decisionTime, e = m.Float64Histogram("retryd.decision.duration", metric.WithUnit("s"),
+			metric.WithDescription("Time to decide one FailedStep inside retryd."),
+			metric.WithExplicitBucketBoundaries(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1))
+		return
+	})
+	must(func() (e error) {
+		t.startLateness, e = m.Float64Histogram("retryd.retry.start.lateness", metric.WithUnit("s"),
+			metric.WithDescription("Actual start of a retry minus its due time."),
+			metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+		return
+	})
+	return t, err
+}
+
+// providerLabel keeps the provider label's cardinality bounded.
+func (t *telemetry) providerLabel(p string) string {
+	if p == "" {
+		return "none"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.providers[p]; ok {
+		return p
+	}
+	if len(t.providers) < maxProviderLabels {
+		t.providers[p] = struct{}{}
+		return p
+	}
+	return "other"
+}
+
+// traceparent renders a span context as a W3C traceparent ("" if invalid).
+func traceparent(sc trace.SpanContext) string {
+	if !sc.IsValid() {
+		return ""
+	}
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(context.Background(), sc), carrier)
+	return carrier.Get("traceparent")
+}
+
+// parseTraceparent is the inverse of traceparent.
+func parseTraceparent(s string) trace.SpanContext {
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": s})
+	return trace.SpanContextFromContext(ctx)
+}
+
+// callerAttempt returns the traceparent the caller sent with its request:
+// the agent's failed-attempt span.
+func callerAttempt(ctx context.Context) string {
+	md, ok := metadata.FromIncomingContext(ctx)
+	if !ok {
+		return ""
+	}
+	vals := md.Get("traceparent")
+	if len(vals) == 0 {
+		return ""
+	}
+	if sc := parseTraceparent(vals[0]); sc.IsValid() {
+		return traceparent(sc)
+	}
+	return ""
+}
+
+// startDecision opens the decision span for a validated failure and, when
+// tracing is on, a backoff span whose traceparent the store records with a
+// retry this decision may schedule.
+func (t *telemetry) startDecision(ctx context.Context, f *engine.Failure) (context.Context, trace.Span, trace.Span) {
+	req := f.Request
+	ctx, span := t.tracer.Start(ctx, spanDecide, trace.WithAttributes(
+		attrSessionID.String(req.GetSessionId()),
+		attrTurn.Int64(int64(req.GetTurn())),
+		attrStep.Int64(int64(req.GetStep())),
+		semconv.GenAIProviderNameKey.String(req.GetProvider()),
+		semconv.ErrorTypeKey.String(req.GetFailure().GetCode()),
+	))
+	if !t.enabled {
+		return ctx, span, nil
+	}
+	if id := req.GetLogicalTurnId(); id != "" {
+		span.SetAttributes(attrLogicalTurnID.String(id))
+	}
+	f.AttemptTrace = callerAttempt(ctx)
+	_, backoff := t.tracer.Start(ctx, spanBackoff)
+	f.BackoffTrace = traceparent(backoff.SpanContext())
+	return ctx, span, backoff
+}
+
+// endDecision records the outcome on the spans and metrics. The backoff
+// span is kept open until the retry starts or is cancelled (see observe);
+// a backoff span for a delegated failure is never ended, so never exported.
+func (t *telemetry) endDecision(ctx context.Context, f engine.Failure, out engine.FailOutcome, err error,
+	span, backoff trace.Span, began time.Time,
+) {
+	defer span.End()
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		return
+	}
+	t.decisionTime.Record(ctx, time.Since(began).Seconds())
+	for _, tp := range out.PreviousAttempts {
+		if sc := parseTraceparent(tp); sc.IsValid() {
+			span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "previous_attempt")}})
+		}
+	}
+	if sc := parseTraceparent(f.AttemptTrace); sc.IsValid() {
+		span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "attempt")}})
+	}
+	provider := t.providerLabel(f.Request.GetProvider())
+	t.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("provider", provider)))
+	d := out.Response.GetDecision()
+	if s := d.GetSchedule(); s != nil {
+		attrs := []attribute.KeyValue{
+			attrDecision.String("schedule"),
+			attrRetryID.String(s.GetRetryId()),
+			attrRetryNumber.Int64(int64(s.GetRetryNumber())),
+			attrMode.String(s.GetMode().String()),
+			attrPolicyKey.String(s.GetPolicyKey()),
+			attrDelayMs.Int64(int64(s.GetDelayMs())),
+			attrDelaySource.String(s.GetDelaySource().String()),
+		}
+		if s.MaxRetries != nil {
+			attrs = append(attrs, attrRetryMax.Int64(int64(s.GetMaxRetries())))
+		}
+		span.SetAttributes(attrs...)
+		t.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("decision", "schedule"),
+			attribute.String("reason", ""), attribute.String("provider", provider), attribute.String("mode", modeLabel(s.GetMode()))))
+		if backoff != nil && out.Scheduled != nil {
+			backoff.SetAttributes(append(attrs[1:], attrSessionID.String(f.Request.GetSessionId()))...)
+			t.mu.Lock()
+			t.backoffs[s.GetRetryId()] = backoff
+			t.mu.Unlock()
+		}
+		return
+	}
+	dg := d.GetDelegate()
+	span.SetAttributes(attrDecision.String("delegate"), attrReason.String(dg.GetReason().String()))
+	if ev := out.Response.GetEvent().GetDelegated(); ev.GetPolicyKey() != "" {
+		span.SetAttributes(attrPolicyKey.String(ev.GetPolicyKey()), attrMode.String(ev.GetMode().String()))
+	}
+	if dg.GetReason() == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED {
+		span.SetStatus(codes.Error, dg.GetDetail())
+	}
+	mode := out.Response.GetEvent().GetDelegated().GetMode()
+	t.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("decision", "delegate"),
+		attribute.String("reason", reasonLabel(dg.GetReason())), attribute.String("provider", provider), attribute.String("mode", modeLabel(mode))))
+	switch dg.GetReason() {
+	case retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST:
+		// Not the end of the operation: the same step comes back.
+	default:
+		t.operations.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", "delegated"), attribute.String("provider", provider)))
+	}
+}
+
+// observe consumes the store's event log and turns Started and Cancelled
+// events into metrics (with the start lateness: actual start minus due
+// time) and the end of their backoff spans. Only one goroutine runs it; it
+// returns when ctx ends.
+func (t *telemetry) observe(ctx context.Context, store Store) error {
+	return store.WatchEvents(ctx, &retrydv1.WatchEventsRequest{}, func(ev *retrydv1.Event) error {
+		switch k := ev.GetKind().(type) {
+		case *retrydv1.Event_Scheduled:
+			t.dues[k.Scheduled.GetRetryId()] = k.Scheduled.GetDueAt().AsTime()
+		case *retrydv1.Event_Started:
+			st := k.Started
+			t.started.Add(ctx, 1)
+			if due, ok := t.dues[st.GetRetryId()]; ok {
+				t.startLateness.Record(ctx, st.GetStartedAt().AsTime().Sub(due).Seconds())
+				delete(t.dues, st.GetRetryId())
+			}
+			span := t.takeBackoff(st.GetRetryId())
+			if span == nil {
+				return nil
+			}
+			at := st.GetStartedAt().AsTime()
+			span.AddEvent("started", trace.WithTimestamp(at))
+			span.End(trace.WithTimestamp(at))
+		case *retrydv1.Event_Cancelled:
+			c := k.Cancelled
+			delete(t.dues, c.GetRetryId())
+			t.cancelled.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", cancelLabel(c.GetReason()))))
+			if span := t.takeBackoff(c.GetRetryId()); span != nil {
+				at := ev.GetTime().AsTime()
+				span.AddEvent("cancelled", trace.WithTimestamp(at), trace.WithAttributes(attrCancelReason.String(c.GetReason().String())))
+				span.End(trace.WithTimestamp(at))
+			}
+		case *retrydv1.Event_Closed:
+			if k.Closed.GetReason() == retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED && k.Closed.GetRetries() > 0 {
+				t.operations.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", "recovered"),
+					attribute.String("provider", t.providerLabel(k.Closed.GetProvider()))))
+			}
+		}
+		return nil
+	})
+}
+
+func (t *telemetry) takeBackoff(retryID string) trace.Span {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	span := t.backoffs[retryID]
+	delete(t.backoffs, retryID)
+	return span
+}
+
+// endAll ends every open backoff span at shutdown.
+func (t *telemetry) endAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, span := range t.backoffs {
+		span.AddEvent("shutdown")
+		span.End()
+		delete(t.backoffs, id)
+	}
+}
+
+func modeLabel(m retrydv1.Mode) string {
+	switch m {
+	case retrydv1.Mode_MODE_ALWAYS:
+		return "always"
+	case retrydv1.Mode_MODE_SCHEDULE:
+		return "schedule"
+	case retrydv1.Mode_MODE_NORMAL:
+		return "normal"
+	}
+	return "none"
+}
+
+func reasonLabel(r retrydv1.DelegateReason) string {
+	return trimPrefix(r.String(), "DELEGATE_REASON_")
+}
+
+func cancelLabel(r retrydv1.CancelReason) string {
+	return trimPrefix(r.String(), "CANCEL_REASON_")
+}
+
+func trimPrefix(s, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(s, prefix))
+}

@@ -14,6 +14,10 @@ import (
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/memory"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -45,6 +49,8 @@ type harness struct {
 type harnessOpts struct {
 	abandonGrace time.Duration
 	policies     string // YAML policy file content
+	tracer       trace.TracerProvider
+	meter        metric.MeterProvider
 }
 
 // eachBackend runs fn once per store, each with its own server over real
@@ -68,19 +74,45 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 				}
 				opts = append(opts, service.WithPolicies(ps))
 			}
-			srv := grpc.NewServer()
+			var srvOpts []grpc.ServerOption
+			if o.tracer != nil {
+				srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+					otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+			}
+			srv := grpc.NewServer(srvOpts...)
+			if o.tracer != nil {
+				opts = append(opts, service.WithTracerProvider(o.tracer))
+			}
+			if o.meter != nil {
+				opts = append(opts, service.WithMeterProvider(o.meter))
+			}
 			svc, err := service.New(store, opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			retrydv1.RegisterRetryServiceServer(srv, svc)
+			observeCtx, stopObserving := context.WithCancel(context.Background())
+			observed := make(chan error, 1)
+			go func() { observed <- svc.Observe(observeCtx) }()
+			t.Cleanup(func() {
+				stopObserving()
+				if err := <-observed; err != nil {
+					t.Errorf("Observe: %v", err)
+				}
+			})
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
 			go srv.Serve(lis)
 			t.Cleanup(srv.Stop)
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+			if o.tracer != nil {
+				// The agent side propagates its attempt span as W3C trace context.
+				dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+					otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+			}
+			conn, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
 			if err != nil {
 				t.Fatal(err)
 			}

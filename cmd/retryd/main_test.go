@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -234,4 +237,102 @@ func writeEvents(t *testing.T, path string, events []*retrydv1.Event) {
 	if err := invariant.WriteJSONLines(f, events); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMetrics scrapes /metrics of the real binary after a scripted
+// sequence: one retry scheduled and started, one delegation, one cancel.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.Start(t, "--metrics-listen", "127.0.0.1:0")
+	conn := srv.Conn(t)
+	client := retrydv1.NewRetryServiceClient(conn)
+	ctx := context.Background()
+	fail := func(session string, p *retrydv1.RetryPolicy, provider string) *retrydv1.FailedStepResponse {
+		t.Helper()
+		resp, err := client.FailedStep(ctx, &retrydv1.FailedStepRequest{
+			SessionId: session, Turn: 1, Step: 1, Provider: provider,
+			Failure: &retrydv1.Failure{Code: "SERVER"}, PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: p},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	s := fail("a", policy(5), "deepseek").GetDecision().GetSchedule()
+	stream, err := client.AwaitRetry(ctx, &retrydv1.AwaitRetryRequest{RetryId: s.GetRetryId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fail("b", policy(5), "")
+	c := fail("c", policy(60_000), "openai").GetDecision().GetSchedule()
+	if _, err := client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+		Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: c.GetRetryId()}}); err != nil {
+		t.Fatal(err)
+	}
+	retrydtest.Verify(t, conn)
+
+	want := []string{
+		`retryd_decisions_total{decision="schedule",mode="normal",otel_scope_name="github.com/retryd/retryd/service"`,
+		`retryd_decisions_total{decision="delegate",mode="none",otel_scope_name="github.com/retryd/retryd/service"`,
+		`retryd_retries_started_total{otel_scope_name="github.com/retryd/retryd/service"`,
+		`retryd_retries_cancelled_total{otel_scope_name="github.com/retryd/retryd/service"`,
+		`retryd_decision_duration_seconds_bucket`,
+		`retryd_retry_start_lateness_seconds_count`,
+		`retryd_sessions{`,
+		`rpc_server_call_duration_seconds_bucket`,
+	}
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp, err := http.Get("http://" + srv.MetricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		body = string(b)
+		if metricValue(body, "retryd_retries_cancelled_total") == 1 {
+			break
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(body, w) {
+			t.Errorf("/metrics lacks %s", w)
+		}
+	}
+	for name, v := range map[string]float64{
+		"retryd_attempts_failed_total": 3, "retryd_decisions_total": 3, "retryd_retries_started_total": 1,
+		"retryd_retries_cancelled_total": 1, "retryd_retry_start_lateness_seconds_count": 1, "retryd_sessions": 3,
+		"retryd_retries_pending": 0, "retryd_chains_open": 1,
+	} {
+		if got := metricValue(body, name); got != v {
+			t.Errorf("%s = %v, want %v", name, got, v)
+		}
+	}
+	for _, line := range strings.Split(body, "\n") {
+		if strings.Contains(line, "session") && strings.Contains(line, `="a"`) {
+			t.Errorf("a session id leaked into a label: %s", line)
+		}
+	}
+}
+
+// metricValue sums the samples of one metric name in a Prometheus text
+// exposition.
+func metricValue(body, name string) float64 {
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
 }

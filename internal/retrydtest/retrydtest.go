@@ -88,10 +88,12 @@ func Binary(t testing.TB) string {
 type Server struct {
 	// Addr is the gRPC address it serves on.
 	Addr string
-	cmd  *exec.Cmd
-	logs *syncBuffer
-	done chan struct{}
-	err  error
+	// MetricsAddr is the /metrics HTTP address, when --metrics-listen was given.
+	MetricsAddr string
+	cmd         *exec.Cmd
+	logs        *syncBuffer
+	done        chan struct{}
+	err         error
 }
 
 // Start runs retryd serve with args on a free loopback port and waits until
@@ -110,7 +112,7 @@ func Start(t testing.TB, args ...string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addr := make(chan string, 1)
+	addr := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -118,12 +120,13 @@ func Start(t testing.TB, args ...string) *Server {
 			line := sc.Bytes()
 			s.logs.write(append(line, '\n'))
 			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
+				Msg         string `json:"msg"`
+				Addr        string `json:"addr"`
+				MetricsAddr string `json:"metrics_addr"`
 			}
 			if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" {
 				select {
-				case addr <- rec.Addr:
+				case addr <- [2]string{rec.Addr, rec.MetricsAddr}:
 				default:
 				}
 			}
@@ -135,7 +138,8 @@ func Start(t testing.TB, args ...string) *Server {
 	}()
 	t.Cleanup(func() { s.Stop(t) })
 	select {
-	case s.Addr = <-addr:
+	case a := <-addr:
+		s.Addr, s.MetricsAddr = a[0], a[1]
 	case <-s.done:
 		t.Fatalf("retryd exited before serving: %v\n%s", s.err, s.logs.String())
 	case <-time.After(30 * time.Second):

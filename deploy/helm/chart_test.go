@@ -1,0 +1,1242 @@
+package helm_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	yamlv3 "go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+const (
+	release   = "rel"
+	namespace = "agents"
+	// kubeVersion is passed to helm template and lint: a helm built with
+	// `go tool` lacks the ldflags that set its default Kubernetes version
+	// (v1.20), which is below Chart.yaml's kubeVersion.
+	kubeVersion = "1.34.0"
+	// retryService is the health name of the RetryService.
+	retryService = "retryd.v1.RetryService"
+)
+
+// workDir holds the binaries the tests build; TestMain removes it.
+var workDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "retryd-chart-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	workDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// repoRoot is the module root, found from the test's working directory
+// (deploy/helm).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil || !bytes.HasPrefix(mod, []byte("module github.com/retryd/retryd\n")) {
+		t.Fatalf("%s is not the retryd module root (go.mod: %v)", root, err)
+	}
+	return root
+}
+
+func chartDir(t *testing.T) string { return filepath.Join(repoRoot(t), "deploy", "helm", "retryd") }
+
+// once runs build at most once per test binary and remembers its result.
+type once[T any] struct {
+	once sync.Once
+	val  T
+	err  error
+}
+
+func (o *once[T]) get(build func() (T, error)) (T, error) {
+	o.once.Do(func() { o.val, o.err = build() })
+	return o.val, o.err
+}
+
+var helmBin once[string]
+
+// helm returns the pinned helm's executable: `go tool -n` builds it into the
+// Go build cache (minutes on a cold cache) and prints its path, so later
+// calls skip the go command.
+func helm(t *testing.T) string {
+	t.Helper()
+	root := repoRoot(t)
+	path, err := helmBin.get(func() (string, error) {
+		cmd := exec.Command("go", "tool", "-n", "-modfile=tools/helm/go.mod", "helm")
+		cmd.Dir = root
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return "", fmt.Errorf("go tool -n -modfile=tools/helm/go.mod helm: %w\n%s", err, stderr.String())
+		}
+		return strings.TrimSpace(string(out)), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// runHelm runs the pinned helm in the repository root with its cache,
+// config and data homes in a temporary directory and no kubeconfig.
+func runHelm(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	home := t.TempDir()
+	cmd := exec.CommandContext(ctx, helm(t), args...)
+	cmd.Dir = repoRoot(t)
+	cmd.Env = append(filterEnv(os.Environ(), "HELM_", "KUBECONFIG="),
+		"HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"),
+		"HELM_DATA_HOME="+filepath.Join(home, "data"),
+		"KUBECONFIG="+filepath.Join(home, "kubeconfig-absent"),
+	)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err = cmd.Run()
+	return out.String(), errOut.String(), err
+}
+
+// filterEnv drops the variables whose NAME=value starts with any prefix.
+func filterEnv(env []string, prefixes ...string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		return slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(kv, p) })
+	})
+}
+
+// goodValues lists testdata/*.yaml: values files the chart must accept.
+func goodValues(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("testdata", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no values files in testdata: %v", err)
+	}
+	return files
+}
+
+// serviceMonitor is the part of prometheus-operator's ServiceMonitor
+// (monitoring.coreos.com/v1) the chart renders; decoding is strict, so a
+// field the chart adds must be added here.
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		JobLabel          string `json:"jobLabel"`
+		NamespaceSelector struct {
+			MatchNames []string `json:"matchNames"`
+		} `json:"namespaceSelector"`
+		Selector  metav1.LabelSelector `json:"selector"`
+		Endpoints []struct {
+			Port              string           `json:"port"`
+			Path              string           `json:"path"`
+			Scheme            string           `json:"scheme"`
+			Interval          string           `json:"interval,omitempty"`
+			ScrapeTimeout     string           `json:"scrapeTimeout,omitempty"`
+			Relabelings       []map[string]any `json:"relabelings,omitempty"`
+			MetricRelabelings []map[string]any `json:"metricRelabelings,omitempty"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// rendered is one helm template output, decoded.
+type rendered struct {
+	deployment     *appsv1.Deployment
+	configMap      *corev1.ConfigMap
+	serviceAccount *corev1.ServiceAccount
+	services       map[string]*corev1.Service
+	testPod        *corev1.Pod
+	pdb            *policyv1.PodDisruptionBudget
+	hpa            *autoscalingv2.HorizontalPodAutoscaler
+	serviceMonitor *serviceMonitor
+	objects        []metav1.Object // every object, for label checks
+}
+
+// newObject returns an empty typed object for a rendered apiVersion/kind.
+func newObject(apiVersion, kind string) (any, bool) {
+	switch apiVersion + " " + kind {
+	case "apps/v1 Deployment":
+		return &appsv1.Deployment{}, true
+	case "v1 ConfigMap":
+		return &corev1.ConfigMap{}, true
+	case "v1 ServiceAccount":
+		return &corev1.ServiceAccount{}, true
+	case "v1 Service":
+		return &corev1.Service{}, true
+	case "v1 Pod":
+		return &corev1.Pod{}, true
+	case "policy/v1 PodDisruptionBudget":
+		return &policyv1.PodDisruptionBudget{}, true
+	case "autoscaling/v2 HorizontalPodAutoscaler":
+		return &autoscalingv2.HorizontalPodAutoscaler{}, true
+	case "monitoring.coreos.com/v1 ServiceMonitor":
+		return &serviceMonitor{}, true
+	}
+	return nil, false
+}
+
+// decodeStrict decodes one YAML document into out, rejecting duplicate keys,
+// unknown fields and trailing data.
+func decodeStrict(doc []byte, out any) error {
+	js, err := yaml.YAMLToJSONStrict(doc)
+	if err != nil {
+		return fmt.Errorf("YAMLToJSONStrict: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(out); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data after the object")
+	}
+	return nil
+}
+
+// splitDocuments splits a multi-document YAML stream on "---" lines and
+// drops documents that hold only comments.
+func splitDocuments(stream string) [][]byte {
+	var docs [][]byte
+	var cur strings.Builder
+	flush := func() {
+		content := false
+		for line := range strings.SplitSeq(cur.String(), "\n") {
+			if s := strings.TrimSpace(line); s != "" && !strings.HasPrefix(s, "#") {
+				content = true
+			}
+		}
+		if content {
+			docs = append(docs, []byte(cur.String()))
+		}
+		cur.Reset()
+	}
+	sc := bufio.NewScanner(strings.NewReader(stream))
+	sc.Buffer(make([]byte, 0, 64*1024), 16*1024*1024)
+	for sc.Scan() {
+		if sc.Text() == "---" {
+			flush()
+			continue
+		}
+		cur.WriteString(sc.Text())
+		cur.WriteByte('\n')
+	}
+	flush()
+	return docs
+}
+
+// render runs helm template with a values file and decodes every document.
+func render(t *testing.T, valuesFile string) *rendered {
+	t.Helper()
+	stdout, stderr, err := runHelm(t, "template", release, chartDir(t),
+		"--namespace", namespace, "--kube-version", kubeVersion, "-f", absPath(t, valuesFile))
+	if err != nil {
+		t.Fatalf("helm template -f %s: %v\n%s", valuesFile, err, stderr)
+	}
+	r := &rendered{services: map[string]*corev1.Service{}}
+	for i, doc := range splitDocuments(stdout) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("document %d: %v\n%s", i, err, doc)
+		}
+		obj, ok := newObject(tm.APIVersion, tm.Kind)
+		if !ok {
+			t.Errorf("document %d: unexpected %s %s", i, tm.APIVersion, tm.Kind)
+			continue
+		}
+		if err := decodeStrict(doc, obj); err != nil {
+			t.Fatalf("document %d (%s %s) does not decode strictly: %v\n%s", i, tm.APIVersion, tm.Kind, err, doc)
+		}
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			setOnce(t, &r.deployment, o)
+		case *corev1.ConfigMap:
+			setOnce(t, &r.configMap, o)
+		case *corev1.ServiceAccount:
+			setOnce(t, &r.serviceAccount, o)
+		case *corev1.Service:
+			r.services[o.Name] = o
+		case *corev1.Pod:
+			setOnce(t, &r.testPod, o)
+		case *policyv1.PodDisruptionBudget:
+			setOnce(t, &r.pdb, o)
+		case *autoscalingv2.HorizontalPodAutoscaler:
+			setOnce(t, &r.hpa, o)
+		case *serviceMonitor:
+			setOnce(t, &r.serviceMonitor, o)
+		}
+		r.objects = append(r.objects, obj.(metav1.Object))
+	}
+	if r.deployment == nil || r.configMap == nil || r.testPod == nil {
+		t.Fatalf("render of %s lacks the Deployment, ConfigMap or test Pod", valuesFile)
+	}
+	return r
+}
+
+func setOnce[T any](t *testing.T, dst **T, v *T) {
+	t.Helper()
+	if *dst != nil {
+		t.Errorf("two %T objects rendered", v)
+	}
+	*dst = v
+}
+
+func absPath(t *testing.T, p string) string {
+	t.Helper()
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// container returns the retryd container of the Deployment.
+func (r *rendered) container(t *testing.T) corev1.Container {
+	t.Helper()
+	cs := r.deployment.Spec.Template.Spec.Containers
+	if len(cs) != 1 || cs[0].Name != "retryd" {
+		t.Fatalf("containers = %v, want one named retryd", cs)
+	}
+	return cs[0]
+}
+
+// serverFlags parses `serve --name=value …` into a map, failing on anything
+// else.
+func serverFlags(t *testing.T, args []string) map[string]string {
+	t.Helper()
+	if len(args) == 0 || args[0] != "serve" {
+		t.Fatalf("args = %q, want serve first", args)
+	}
+	flags := map[string]string{}
+	for _, a := range args[1:] {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok || !strings.HasPrefix(a, "--") {
+			t.Fatalf("arg %q is not --name=value", a)
+		}
+		if _, dup := flags[name]; dup {
+			t.Errorf("flag --%s given twice", name)
+		}
+		flags[name] = value
+	}
+	return flags
+}
+
+// policyFile is the rendered ConfigMap's config.yaml.
+func (r *rendered) policyFile(t *testing.T) string {
+	t.Helper()
+	data, ok := r.configMap.Data["config.yaml"]
+	if !ok || len(r.configMap.Data) != 1 {
+		t.Fatalf("ConfigMap data keys = %v, want only config.yaml", slices.Collect(maps.Keys(r.configMap.Data)))
+	}
+	return data
+}
+
+// expectation is what one good values file must render, beyond what every
+// render must have.
+type expectation struct {
+	flags        map[string]string // every --flag of serve except --config
+	port         int32             // server.port
+	servicePort  int32
+	grace        int64
+	image        string
+	replicas     *int32 // nil: left to the HPA
+	resources    bool
+	probes       bool
+	readiness    string // readiness probe's health service
+	otel         bool
+	optional     bool // PDB, HPA, ServiceMonitor, headless Service
+	extra        func(t *testing.T, r *rendered)
+	testPodImage string
+}
+
+func defaultFlags(overrides map[string]string) map[string]string {
+	f := map[string]string{
+		"listen": "0.0.0.0:7700", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
+		"log-level": "info", "log-format": "text", "event-log-size": "100000",
+	}
+	maps.Copy(f, overrides)
+	return f
+}
+
+func ptr[T any](v T) *T { return &v }
+
+var expectations = map[string]expectation{
+	"defaults.yaml": {
+		flags: defaultFlags(nil), port: 7700, servicePort: 7700, grace: 15,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		extra: func(t *testing.T, r *rendered) {
+			if r.serviceAccount == nil || r.serviceAccount.Name != "rel-retryd" {
+				t.Errorf("ServiceAccount = %v, want rel-retryd", r.serviceAccount)
+			}
+			if s := r.deployment.Spec.Strategy.Type; s != appsv1.RecreateDeploymentStrategyType {
+				t.Errorf("strategy = %q, want Recreate (one pod holds the chains)", s)
+			}
+			if got := r.policyFile(t); got != "policies: {}\nproviders: {}\n" {
+				t.Errorf("default policy file = %q", got)
+			}
+		},
+	},
+	"policies.yaml": {
+		flags: defaultFlags(map[string]string{
+			"chain-ttl": "2h30m", "abandon-grace": "90s", "shutdown-timeout": "1m30s",
+			"log-level": "debug", "log-format": "json", "event-log-size": "2000000",
+		}),
+		port: 7700, servicePort: 7700, grace: 95,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		extra: func(t *testing.T, r *rendered) {
+			var file struct {
+				Policies      map[string]map[string]any `json:"policies"`
+				Providers     map[string]map[string]any `json:"providers"`
+				DefaultPolicy map[string]any            `json:"defaultPolicy"`
+			}
+			if err := decodeStrict([]byte(r.policyFile(t)), &file); err != nil {
+				t.Fatalf("policy file: %v", err)
+			}
+			if got := slices.Sorted(maps.Keys(file.Policies)); !slices.Equal(got, []string{"bounded", "relay"}) {
+				t.Errorf("policies = %v", got)
+			}
+			if file.Policies["bounded"]["minAttemptMs"] != float64(1500000) {
+				t.Errorf("minAttemptMs = %v, want 1500000 written as an integer", file.Policies["bounded"]["minAttemptMs"])
+			}
+			if !strings.Contains(r.policyFile(t), "minAttemptMs: 1500000\n") {
+				t.Errorf("large integers must not be rendered in float notation:\n%s", r.policyFile(t))
+			}
+			if file.DefaultPolicy["maxRetries"] != float64(3) {
+				t.Errorf("defaultPolicy = %v", file.DefaultPolicy)
+			}
+		},
+	},
+	"rolling-port.yaml": {
+		flags: defaultFlags(map[string]string{"listen": "0.0.0.0:9443", "shutdown-timeout": "2500ms"}),
+		port:  9443, servicePort: 7700, grace: 8,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		readiness: retryService, testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		extra: func(t *testing.T, r *rendered) {
+			s := r.deployment.Spec.Strategy
+			if s.Type != appsv1.RollingUpdateDeploymentStrategyType || s.RollingUpdate == nil ||
+				s.RollingUpdate.MaxSurge.String() != "0" || s.RollingUpdate.MaxUnavailable.String() != "1" {
+				t.Errorf("strategy = %+v, want RollingUpdate maxSurge 0 maxUnavailable 1", s)
+			}
+		},
+	},
+	"minimal-pod.yaml": {
+		flags: defaultFlags(nil), port: 7700, servicePort: 7700, grace: 15,
+		image:        "ghcr.io/retryd/retryd@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		replicas:     ptr[int32](0),
+		testPodImage: "ghcr.io/retryd/retryd@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		extra: func(t *testing.T, r *rendered) {
+			if r.serviceAccount != nil {
+				t.Errorf("ServiceAccount rendered though serviceAccount.create is false")
+			}
+			if sa := r.deployment.Spec.Template.Spec.ServiceAccountName; sa != "default" {
+				t.Errorf("serviceAccountName = %q, want default", sa)
+			}
+			if s := r.deployment.Spec.Strategy; s.Type != "" || s.RollingUpdate != nil {
+				t.Errorf("strategy = %+v, want none (strategy: null)", s)
+			}
+		},
+	},
+	"all-options.yaml": {
+		flags: defaultFlags(nil), port: 7700, servicePort: 443, grace: 45,
+		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
+		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
+		extra: checkAllOptions,
+	},
+}
+
+// checkAllOptions asserts the optional objects of all-options.yaml.
+func checkAllOptions(t *testing.T, r *rendered) {
+	selector := map[string]string{
+		"app.kubernetes.io/name": "retryd", "app.kubernetes.io/instance": release, "app.kubernetes.io/component": "server",
+	}
+	if r.pdb == nil || r.pdb.Spec.MinAvailable == nil || r.pdb.Spec.MinAvailable.IntValue() != 0 || r.pdb.Spec.MaxUnavailable != nil {
+		t.Errorf("PodDisruptionBudget = %+v, want minAvailable 0 only", r.pdb)
+	} else if !maps.Equal(r.pdb.Spec.Selector.MatchLabels, selector) {
+		t.Errorf("PDB selector = %v", r.pdb.Spec.Selector.MatchLabels)
+	}
+	if r.hpa == nil {
+		t.Fatal("no HorizontalPodAutoscaler")
+	}
+	if ref := r.hpa.Spec.ScaleTargetRef; ref.Kind != "Deployment" || ref.Name != r.deployment.Name || ref.APIVersion != "apps/v1" {
+		t.Errorf("HPA target = %+v", ref)
+	}
+	if r.hpa.Spec.MaxReplicas != 1 || len(r.hpa.Spec.Metrics) != 2 || r.hpa.Spec.Behavior == nil {
+		t.Errorf("HPA spec = %+v", r.hpa.Spec)
+	}
+	sm := r.serviceMonitor
+	if sm == nil || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Interval != "15s" {
+		t.Fatalf("ServiceMonitor = %+v", sm)
+	}
+	if sm.Labels["release"] != "prometheus" || !maps.Equal(sm.Spec.Selector.MatchLabels, selector) {
+		t.Errorf("ServiceMonitor labels %v selector %v", sm.Labels, sm.Spec.Selector.MatchLabels)
+	}
+	headless := r.services["retryd-all-headless"]
+	if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Fatalf("headless Service = %+v", headless)
+	}
+	if !selects(sm.Spec.Selector, r.services["retryd-all"].Labels) || selects(sm.Spec.Selector, headless.Labels) {
+		t.Errorf("the ServiceMonitor must select the main Service and skip the headless one")
+	}
+	if svc := r.services["retryd-all"]; svc.Spec.Type != corev1.ServiceTypeNodePort || svc.Spec.Ports[0].NodePort != 30700 {
+		t.Errorf("Service = %+v, want NodePort 30700", svc.Spec)
+	}
+
+	spec := r.deployment.Spec.Template.Spec
+	if len(spec.TopologySpreadConstraints) != 2 {
+		t.Fatalf("topologySpreadConstraints = %+v", spec.TopologySpreadConstraints)
+	}
+	if got := spec.TopologySpreadConstraints[0].LabelSelector; got == nil || !maps.Equal(got.MatchLabels, selector) {
+		t.Errorf("constraint without labelSelector got %v, want the selector labels", got)
+	}
+	if got := spec.TopologySpreadConstraints[1].LabelSelector; got == nil || got.MatchLabels["example.test/tier"] != "control" || len(got.MatchLabels) != 1 {
+		t.Errorf("constraint with its own labelSelector got %v, want it unchanged", got)
+	}
+	if spec.PriorityClassName != "system-cluster-critical" || spec.NodeSelector["kubernetes.io/os"] != "linux" ||
+		len(spec.Tolerations) != 1 || spec.Affinity == nil || len(spec.ImagePullSecrets) != 1 {
+		t.Errorf("scheduling fields not rendered: %+v", spec)
+	}
+	c := r.container(t)
+	env := envNames(c.Env)
+	if i, j := slices.Index(env, "OTEL_RESOURCE_ATTRIBUTES"), slices.Index(env, "GOMEMLIMIT"); i < 0 || j < i {
+		t.Errorf("env order %v: extraEnv must follow the chart's variables", env)
+	}
+	if v := envValue(c.Env, "OTEL_RESOURCE_ATTRIBUTES"); v != "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),deployment.environment=test,service.namespace=agents" {
+		t.Errorf("OTEL_RESOURCE_ATTRIBUTES = %q", v)
+	}
+	if envValue(c.Env, "OTEL_EXPORTER_OTLP_ENDPOINT") != "http://127.0.0.1:4317" || envValue(c.Env, "OTEL_SERVICE_NAME") != "retryd-fleet" {
+		t.Errorf("OTEL env = %v", c.Env)
+	}
+	if len(c.EnvFrom) != 1 || c.EnvFrom[0].SecretRef == nil {
+		t.Errorf("envFrom = %+v", c.EnvFrom)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "certs" && m.MountPath == "/etc/retryd-certs" }) ||
+		!slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "certs" && v.Secret != nil }) {
+		t.Errorf("extraVolumes/extraVolumeMounts not rendered")
+	}
+	if r.deployment.Spec.Template.Annotations["example.test/team"] != "agents" || r.deployment.Spec.Template.Labels["example.test/tier"] != "control" {
+		t.Errorf("podAnnotations/podLabels not rendered")
+	}
+}
+
+// selects reports whether a label selector matches labels (matchLabels and
+// DoesNotExist expressions, which is all the chart uses).
+func selects(sel metav1.LabelSelector, labels map[string]string) bool {
+	for k, v := range sel.MatchLabels {
+		if labels[k] != v {
+			return false
+		}
+	}
+	for _, e := range sel.MatchExpressions {
+		if _, has := labels[e.Key]; e.Operator == metav1.LabelSelectorOpDoesNotExist && has {
+			return false
+		}
+	}
+	return true
+}
+
+func envNames(env []corev1.EnvVar) []string {
+	names := make([]string, len(env))
+	for i, e := range env {
+		names[i] = e.Name
+	}
+	return names
+}
+
+func envValue(env []corev1.EnvVar, name string) string {
+	for _, e := range env {
+		if e.Name == name {
+			return e.Value
+		}
+	}
+	return ""
+}
+
+// TestValuesDocumented checks that every value in values.yaml has a
+// comment: each leaf key, or an ancestor whose "# --" comment documents the
+// whole object (the helm-docs convention).
+func TestValuesDocumented(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(filepath.Join(chartDir(t), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc yamlv3.Node
+	if err := yamlv3.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(n *yamlv3.Node, path string, documented bool)
+	walk = func(n *yamlv3.Node, path string, documented bool) {
+		if n.Kind != yamlv3.MappingNode {
+			return
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key, value := n.Content[i], n.Content[i+1]
+			p := strings.TrimPrefix(path+"."+key.Value, ".")
+			doc := documented || strings.Contains(key.HeadComment, "# --")
+			if value.Kind == yamlv3.MappingNode && len(value.Content) > 0 {
+				walk(value, p, doc)
+				continue
+			}
+			if !doc && key.HeadComment == "" && key.LineComment == "" && value.LineComment == "" {
+				t.Errorf("values.yaml: %s has no comment", p)
+			}
+		}
+	}
+	if len(doc.Content) != 1 {
+		t.Fatalf("values.yaml is not one YAML document")
+	}
+	walk(doc.Content[0], "", false)
+}
+
+// TestNotes renders NOTES.txt, which helm template leaves out, for every
+// good values file: a copy of the chart gets a template that renders the
+// notes with tpl into a YAML string.
+func TestNotes(t *testing.T) {
+	t.Parallel()
+	chart := filepath.Join(t.TempDir(), "retryd")
+	if err := os.CopyFS(chart, os.DirFS(chartDir(t))); err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.ReadFile(filepath.Join(chart, "templates", "NOTES.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(chart, "notes-under-test.txt"), notes, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	probe := `notes: {{ tpl (.Files.Get "notes-under-test.txt") . | toJson }}` + "\n"
+	if err := os.WriteFile(filepath.Join(chart, "templates", "notes-under-test.yaml"), []byte(probe), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range goodValues(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, err := runHelm(t, "template", release, chart, "--namespace", namespace,
+				"--kube-version", kubeVersion, "-f", absPath(t, f), "--show-only", "templates/notes-under-test.yaml")
+			if err != nil {
+				t.Fatalf("helm template: %v\n%s", err, stderr)
+			}
+			var out struct {
+				Notes string `json:"notes"`
+			}
+			if err := decodeStrict([]byte(stdout), &out); err != nil {
+				t.Fatalf("%v\n%s", err, stdout)
+			}
+			for _, want := range []string{
+				fmt.Sprintf("kubectl --namespace %s port-forward service/", namespace),
+				"grpcurl -plaintext localhost:7700 list",
+				"helm test " + release,
+			} {
+				if !strings.Contains(out.Notes, want) {
+					t.Errorf("NOTES lack %q:\n%s", want, out.Notes)
+				}
+			}
+		})
+	}
+}
+
+// TestExpectationsCoverTestdata keeps the matrix and testdata in step.
+func TestExpectationsCoverTestdata(t *testing.T) {
+	t.Parallel()
+	var files []string
+	for _, f := range goodValues(t) {
+		files = append(files, filepath.Base(f))
+	}
+	if want := slices.Sorted(maps.Keys(expectations)); !slices.Equal(files, want) {
+		t.Errorf("testdata values files %v, expectations for %v", files, want)
+	}
+}
+
+func TestLint(t *testing.T) {
+	t.Parallel()
+	for _, f := range goodValues(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			stdout, stderr, err := runHelm(t, "lint", "--strict", "--kube-version", kubeVersion, chartDir(t), "-f", absPath(t, f))
+			if err != nil {
+				t.Fatalf("helm lint --strict: %v\n%s%s", err, stdout, stderr)
+			}
+			// Lint mode turns template `fail` calls into log lines, not errors.
+			for _, bad := range []string{"[ERROR]", "[WARNING]", "Fail:"} {
+				if strings.Contains(stdout+stderr, bad) {
+					t.Errorf("helm lint reports %s:\n%s%s", bad, stdout, stderr)
+				}
+			}
+			if !strings.Contains(stdout, "1 chart(s) linted, 0 chart(s) failed") {
+				t.Errorf("helm lint output:\n%s", stdout)
+			}
+		})
+	}
+}
+
+func TestTemplate(t *testing.T) {
+	t.Parallel()
+	checksums := map[string]string{}
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		// Different policy files must give different checksums, so pods
+		// roll when the ConfigMap changes.
+		if checksums["defaults.yaml"] != "" && checksums["defaults.yaml"] == checksums["policies.yaml"] {
+			t.Errorf("checksum/config is the same for different policy files")
+		}
+	})
+	for _, f := range goodValues(t) {
+		name := filepath.Base(f)
+		want, ok := expectations[name]
+		if !ok {
+			continue // TestExpectationsCoverTestdata reports it
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := render(t, f)
+			checkCommon(t, r, want)
+			if want.extra != nil {
+				want.extra(t, r)
+			}
+			mu.Lock()
+			checksums[name] = r.deployment.Spec.Template.Annotations["checksum/config"]
+			mu.Unlock()
+		})
+	}
+}
+
+// checkCommon asserts what every render must have.
+func checkCommon(t *testing.T, r *rendered, want expectation) {
+	t.Helper()
+	for _, o := range r.objects {
+		l := o.GetLabels()
+		for k, v := range map[string]string{
+			"app.kubernetes.io/name": "retryd", "app.kubernetes.io/instance": release,
+			"app.kubernetes.io/managed-by": "Helm", "helm.sh/chart": "retryd-0.1.0", "app.kubernetes.io/part-of": "retryd",
+		} {
+			if l[k] != v {
+				t.Errorf("%T %s: label %s = %q, want %q", o, o.GetName(), k, l[k], v)
+			}
+		}
+		if l["app.kubernetes.io/version"] == "" {
+			t.Errorf("%T %s: no app.kubernetes.io/version label", o, o.GetName())
+		}
+		if o.GetNamespace() != namespace {
+			t.Errorf("%T %s: namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
+		}
+	}
+
+	d := r.deployment
+	if !ptrEqual(d.Spec.Replicas, want.replicas) {
+		t.Errorf("replicas = %v, want %v", deref(d.Spec.Replicas), deref(want.replicas))
+	}
+	selector := d.Spec.Selector.MatchLabels
+	if !maps.Equal(selector, map[string]string{
+		"app.kubernetes.io/name": "retryd", "app.kubernetes.io/instance": release, "app.kubernetes.io/component": "server",
+	}) {
+		t.Errorf("Deployment selector = %v", selector)
+	}
+	if !selects(*d.Spec.Selector, d.Spec.Template.Labels) {
+		t.Errorf("Deployment selector %v does not match its pod labels %v", selector, d.Spec.Template.Labels)
+	}
+
+	// The checksum is the policy file's: the pods roll when it changes.
+	sum := sha256.Sum256([]byte(strings.TrimSuffix(r.policyFile(t), "\n")))
+	if got := d.Spec.Template.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
+		t.Errorf("checksum/config = %q, want sha256 of config.yaml %x", got, sum)
+	}
+
+	spec := d.Spec.Template.Spec
+	psc := spec.SecurityContext
+	if psc == nil || !deref(psc.RunAsNonRoot) || deref(psc.RunAsUser) != 65532 || psc.SeccompProfile == nil ||
+		psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod securityContext = %+v, want non-root 65532 with RuntimeDefault seccomp", psc)
+	}
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		t.Errorf("automountServiceAccountToken = %v, want false", spec.AutomountServiceAccountToken)
+	}
+	if g := deref(spec.TerminationGracePeriodSeconds); g != want.grace {
+		t.Errorf("terminationGracePeriodSeconds = %d, want %d", g, want.grace)
+	}
+
+	c := r.container(t)
+	checkContainerSecurity(t, "retryd", c.SecurityContext)
+	if c.Image != want.image {
+		t.Errorf("image = %q, want %q", c.Image, want.image)
+	}
+	if len(c.Command) != 0 {
+		t.Errorf("command = %q, want the image's entrypoint", c.Command)
+	}
+	flags := serverFlags(t, c.Args)
+	if flags["config"] != "/etc/retryd/config.yaml" {
+		t.Errorf("--config = %q", flags["config"])
+	}
+	delete(flags, "config")
+	if !maps.Equal(flags, want.flags) {
+		t.Errorf("serve flags = %v, want %v", flags, want.flags)
+	}
+	if shutdown, err := time.ParseDuration(want.flags["shutdown-timeout"]); err != nil || time.Duration(want.grace)*time.Second <= shutdown {
+		t.Errorf("terminationGracePeriodSeconds %d is not longer than --shutdown-timeout %s", want.grace, want.flags["shutdown-timeout"])
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, "RETRYD_") {
+			t.Errorf("env %s: settings are passed as flags only", e.Name)
+		}
+		if strings.HasPrefix(e.Name, "OTEL_") && !want.otel {
+			t.Errorf("env %s rendered though otel is disabled", e.Name)
+		}
+	}
+	if want.otel && envValue(c.Env, "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+		t.Errorf("otel enabled but OTEL_EXPORTER_OTLP_ENDPOINT not set: %v", c.Env)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "grpc" || c.Ports[0].ContainerPort != want.port {
+		t.Errorf("ports = %+v, want grpc %d", c.Ports, want.port)
+	}
+	if (c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero()) == want.resources {
+		t.Errorf("resources = %+v, want set: %v", c.Resources, want.resources)
+	}
+	probes := map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe}
+	for kind, p := range probes {
+		if (p != nil) != want.probes {
+			t.Errorf("%s probe = %+v, want present: %v", kind, p, want.probes)
+			continue
+		}
+		if p == nil {
+			continue
+		}
+		wantService := ""
+		if kind == "readiness" {
+			wantService = want.readiness
+		}
+		if p.GRPC == nil || p.GRPC.Port != want.port || deref(p.GRPC.Service) != wantService || p.HTTPGet != nil || p.Exec != nil || p.TCPSocket != nil {
+			t.Errorf("%s probe = %+v, want gRPC on %d service %q", kind, p.ProbeHandler, want.port, wantService)
+		}
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+		return m.Name == "config" && m.MountPath == "/etc/retryd" && m.ReadOnly
+	}) || !slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "config" && v.ConfigMap != nil && v.ConfigMap.Name == r.configMap.Name
+	}) {
+		t.Errorf("the ConfigMap %s is not mounted read-only at /etc/retryd", r.configMap.Name)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" }) {
+		t.Errorf("no writable /tmp beside the read-only root filesystem")
+	}
+
+	svc := r.services[d.Name]
+	if svc == nil {
+		t.Fatalf("no Service named %s", d.Name)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != want.servicePort || svc.Spec.Ports[0].TargetPort.String() != "grpc" ||
+		deref(svc.Spec.Ports[0].AppProtocol) != "grpc" {
+		t.Errorf("Service ports = %+v, want %d → grpc with appProtocol grpc", svc.Spec.Ports, want.servicePort)
+	}
+	if !maps.Equal(svc.Spec.Selector, selector) {
+		t.Errorf("Service selector = %v, want %v", svc.Spec.Selector, selector)
+	}
+	if want.optional != (r.pdb != nil && r.hpa != nil && r.serviceMonitor != nil && len(r.services) == 2) {
+		t.Errorf("optional objects: PDB %v HPA %v ServiceMonitor %v Services %d; want all: %v",
+			r.pdb != nil, r.hpa != nil, r.serviceMonitor != nil, len(r.services), want.optional)
+	}
+
+	checkTestPod(t, r, svc, want)
+}
+
+// checkTestPod asserts the helm test hook: the health check of the Service,
+// run from the retryd image, not selected by the Services.
+func checkTestPod(t *testing.T, r *rendered, svc *corev1.Service, want expectation) {
+	t.Helper()
+	p := r.testPod
+	if p.Annotations["helm.sh/hook"] != "test" {
+		t.Errorf("test pod hook = %q, want test", p.Annotations["helm.sh/hook"])
+	}
+	if p.Spec.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("test pod restartPolicy = %q", p.Spec.RestartPolicy)
+	}
+	if selects(metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, p.Labels) {
+		t.Errorf("the Service selects the test pod (labels %v)", p.Labels)
+	}
+	if len(p.Spec.Containers) != 1 {
+		t.Fatalf("test pod containers = %d", len(p.Spec.Containers))
+	}
+	c := p.Spec.Containers[0]
+	checkContainerSecurity(t, "test pod", c.SecurityContext)
+	if c.Image != want.testPodImage {
+		t.Errorf("test pod image = %q, want %q", c.Image, want.testPodImage)
+	}
+	if !slices.Equal(c.Command, []string{"/usr/local/bin/retryd-healthcheck"}) {
+		t.Errorf("test pod command = %q", c.Command)
+	}
+	wantAddr := fmt.Sprintf("-addr=%s.%s.svc:%d", svc.Name, namespace, want.servicePort)
+	if !slices.Contains(c.Args, wantAddr) || !slices.Contains(c.Args, "-service=") {
+		t.Errorf("test pod args = %q, want %s and -service=", c.Args, wantAddr)
+	}
+}
+
+func checkContainerSecurity(t *testing.T, what string, sc *corev1.SecurityContext) {
+	t.Helper()
+	if sc == nil {
+		t.Errorf("%s: no securityContext", what)
+		return
+	}
+	if !deref(sc.RunAsNonRoot) || deref(sc.RunAsUser) != 65532 || !deref(sc.ReadOnlyRootFilesystem) ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || deref(sc.Privileged) ||
+		sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 ||
+		sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("%s: securityContext = %+v, want non-root 65532, read-only root, no escalation, drop ALL, RuntimeDefault", what, sc)
+	}
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func ptrEqual[T comparable](a, b *T) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
+}
+
+// TestRejectsBadValues renders every testdata/bad file; each must fail with
+// an error naming the offending key, given on the file's `# want:` line.
+func TestRejectsBadValues(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob(filepath.Join("testdata", "bad", "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no bad values files: %v", err)
+	}
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".yaml"), func(t *testing.T) {
+			t.Parallel()
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _, _ := strings.Cut(string(data), "\n")
+			want, ok := strings.CutPrefix(first, "# want: ")
+			if !ok || want == "" {
+				t.Fatalf("%s: first line must be `# want: <text of the error>`", f)
+			}
+			_, stderr, err := runHelm(t, "template", release, chartDir(t),
+				"--namespace", namespace, "--kube-version", kubeVersion, "-f", absPath(t, f))
+			if err == nil {
+				t.Fatalf("helm template accepted %s", f)
+			}
+			if !strings.Contains(stderr, want) {
+				t.Errorf("helm's error does not mention %q:\n%s", want, stderr)
+			}
+		})
+	}
+}
+
+var binaries once[map[string]string]
+
+// buildBinaries builds retryd and retryd-healthcheck once per test binary.
+func buildBinaries(t *testing.T) map[string]string {
+	t.Helper()
+	root := repoRoot(t)
+	bins, err := binaries.get(func() (map[string]string, error) {
+		bins := map[string]string{
+			"retryd":             filepath.Join(workDir, "retryd"),
+			"retryd-healthcheck": filepath.Join(workDir, "retryd-healthcheck"),
+		}
+		cmd := exec.Command("go", "build", "-o", workDir+string(filepath.Separator), "./cmd/retryd", "./deploy/healthcheck")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build ./cmd/retryd ./deploy/healthcheck: %w\n%s", err, out)
+		}
+		if err := os.Rename(filepath.Join(workDir, "healthcheck"), bins["retryd-healthcheck"]); err != nil {
+			return nil, err
+		}
+		return bins, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bins
+}
+
+// writePolicyFile writes the rendered config.yaml into a temporary directory.
+func writePolicyFile(t *testing.T, r *rendered) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(r.policyFile(t)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestCheckConfig runs `retryd check-config` on every rendered policy file.
+func TestCheckConfig(t *testing.T) {
+	t.Parallel()
+	bins := buildBinaries(t)
+	for _, f := range goodValues(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			path := writePolicyFile(t, render(t, f))
+			out, err := exec.Command(bins["retryd"], "check-config", "--config", path).CombinedOutput()
+			if err != nil {
+				t.Errorf("retryd check-config on the rendered config.yaml: %v\n%s", err, out)
+			}
+		})
+	}
+
+	// The schema checks shapes, not the rules between fields: such a file
+	// renders, and check-config is what catches it.
+	t.Run("rules beyond the schema", func(t *testing.T) {
+		t.Parallel()
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		if err := os.WriteFile(values, []byte("policies:\n  odd:\n    mode: always\n    maxRetries: 3\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		path := writePolicyFile(t, render(t, values))
+		out, err := exec.Command(bins["retryd"], "check-config", "--config", path).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || !strings.Contains(string(out), "policies.odd") {
+			t.Errorf("check-config = %v, want a non-zero exit naming policies.odd:\n%s", err, out)
+		}
+	})
+}
+
+// TestServeRenderedArgs starts the real retryd with the rendered container's
+// args and env, changing only the listen address (to a free loopback port)
+// and the config path (to the rendered ConfigMap), and checks that gRPC
+// health answers SERVING, that reflection lists the RetryService, that the
+// helm test pod's command passes, and that SIGTERM stops it cleanly.
+func TestServeRenderedArgs(t *testing.T) {
+	t.Parallel()
+	bins := buildBinaries(t)
+	for _, f := range goodValues(t) {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			t.Parallel()
+			r := render(t, f)
+			c := r.container(t)
+			addr := freeLoopbackAddr(t)
+			config := writePolicyFile(t, r)
+
+			args := slices.Clone(c.Args)
+			rewritten := 0
+			for i, a := range args {
+				switch {
+				case strings.HasPrefix(a, "--listen="):
+					args[i] = "--listen=" + addr
+					rewritten++
+				case strings.HasPrefix(a, "--config="):
+					args[i] = "--config=" + config
+					rewritten++
+				}
+			}
+			if rewritten != 2 {
+				t.Fatalf("args %q lack --listen= or --config=", c.Args)
+			}
+
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bins["retryd"], args...)
+			cmd.Env = append(filterEnv(os.Environ(), "RETRYD_", "OTEL_"), podEnv(t, c.Env)...)
+			var logs bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &logs, &logs
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan struct{})
+			var exitErr error
+			go func() { exitErr = cmd.Wait(); close(exited) }()
+			t.Cleanup(func() {
+				select {
+				case <-exited:
+				default:
+					cmd.Process.Kill()
+					<-exited
+				}
+			})
+
+			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			health := healthpb.NewHealthClient(conn)
+			if err := waitServing(ctx, health, exited); err != nil {
+				t.Fatalf("%v\nretryd output:\n%s", err, logs.String())
+			}
+			resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
+			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("health of %s = %v, %v; want SERVING", retryService, resp.GetStatus(), err)
+			}
+			if services, err := listServices(ctx, conn); err != nil || !slices.Contains(services, retryService) {
+				t.Errorf("reflection lists %v (%v), want %s among them", services, err, retryService)
+			}
+
+			// The helm test pod's command, pointed at this server.
+			testArgs := slices.Clone(r.testPod.Spec.Containers[0].Args)
+			for i, a := range testArgs {
+				if strings.HasPrefix(a, "-addr=") {
+					testArgs[i] = "-addr=" + addr
+				}
+			}
+			if out, err := exec.CommandContext(ctx, bins["retryd-healthcheck"], testArgs...).CombinedOutput(); err != nil {
+				t.Errorf("helm test command %q: %v\n%s", testArgs, err, out)
+			}
+
+			shutdown, err := time.ParseDuration(serverFlags(t, c.Args)["shutdown-timeout"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-exited:
+				if exitErr != nil {
+					t.Errorf("retryd exited with %v after SIGTERM\n%s", exitErr, logs.String())
+				}
+			case <-time.After(shutdown + 5*time.Second):
+				t.Errorf("retryd still running %v after SIGTERM (shutdown timeout %v)\n%s", shutdown+5*time.Second, shutdown, logs.String())
+			}
+		})
+	}
+}
+
+// podEnv resolves the container's env as the kubelet would, for a pod named
+// retryd-0 in the test namespace: literal values with $(VAR) references to
+// earlier variables expanded, and downward-API fields. Variables from other
+// sources (resource limits, Secrets) are left out.
+func podEnv(t *testing.T, env []corev1.EnvVar) []string {
+	t.Helper()
+	fields := map[string]string{"metadata.name": "retryd-0", "metadata.namespace": namespace}
+	resolved := map[string]string{}
+	var out []string
+	for _, e := range env {
+		var v string
+		switch {
+		case e.ValueFrom == nil:
+			v = os.Expand(strings.NewReplacer("$(", "${", ")", "}").Replace(e.Value), func(name string) string { return resolved[name] })
+		case e.ValueFrom.FieldRef != nil:
+			var ok bool
+			if v, ok = fields[e.ValueFrom.FieldRef.FieldPath]; !ok {
+				t.Fatalf("env %s: field %s not simulated", e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+		default:
+			t.Logf("env %s: source %+v not simulated; left out", e.Name, e.ValueFrom)
+			continue
+		}
+		if strings.HasPrefix(e.Name, "OTEL_EXPORTER_OTLP") && strings.Contains(v, "://") && !isLoopbackURL(v) {
+			t.Fatalf("env %s=%s: the test sends traffic to loopback only", e.Name, v)
+		}
+		resolved[e.Name] = v
+		out = append(out, e.Name+"="+v)
+	}
+	return out
+}
+
+func isLoopbackURL(u string) bool {
+	_, rest, _ := strings.Cut(u, "://")
+	host, _, _ := strings.Cut(rest, "/")
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// freeLoopbackAddr returns a loopback address whose port was free a moment
+// ago.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return "127.0.0.1:" + strconv.Itoa(lis.Addr().(*net.TCPAddr).Port)
+}
+
+// waitServing polls the overall health until SERVING, the process exits or
+// 30 seconds pass.
+func waitServing(ctx context.Context, health healthpb.HealthClient, exited <-chan struct{}) error {
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			return errors.New("retryd exited before serving")
+		default:
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		resp, err := health.Check(cctx, &healthpb.HealthCheckRequest{})
+		cancel()
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		last = err
+		if err == nil {
+			last = fmt.Errorf("status %v", resp.GetStatus())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("health never answered SERVING within 30s: %v", last)
+}
+
+// listServices asks server reflection (what grpcurl list uses) for the
+// service names.
+func listServices(ctx context.Context, conn *grpc.ClientConn) ([]string, error) {
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{
+		MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{},
+	}); err != nil {
+		return nil, err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.CloseSend(); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+	}
+	return names, nil
+}

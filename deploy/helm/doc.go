@@ -1,0 +1,10 @@
+// Package helm tests the retryd Helm chart in retryd/: helm lint and helm
+// template (with the Helm pinned in tools/helm) over the values files in
+// testdata/, strict decoding of every rendered object into the Kubernetes API
+// types, the schema's rejection of the values in testdata/bad/, and the
+// rendered policy file and command line run through the real retryd binary.
+//
+// The package has no non-test code; run it with
+//
+//	go test ./deploy/helm/
+package helm

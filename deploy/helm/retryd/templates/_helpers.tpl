@@ -1,0 +1,220 @@
+{{/*
+Chart name, truncated to 63 characters (the DNS label limit).
+*/}}
+{{- define "retryd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name of the release's resources: <release>-<chart>, or the release name
+alone when it already contains the chart name. Truncated to 63 characters.
+*/}}
+{{- define "retryd.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Chart name and version, for the helm.sh/chart label.
+*/}}
+{{- define "retryd.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Labels every resource of the release carries, whatever its component.
+*/}}
+{{- define "retryd.commonLabels" -}}
+helm.sh/chart: {{ include "retryd.chart" . }}
+app.kubernetes.io/name: {{ include "retryd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ include "retryd.imageTag" . | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/part-of: retryd
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/*
+Standard labels of the server's resources.
+*/}}
+{{- define "retryd.labels" -}}
+{{ include "retryd.commonLabels" . }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{/*
+Selector labels: the immutable subset of the labels that Services, the
+workload and the PodDisruptionBudget select the server's pods by. The
+component keeps the helm test pod out of the Services.
+*/}}
+{{- define "retryd.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "retryd.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{/*
+Name of the ServiceAccount the pods run as.
+*/}}
+{{- define "retryd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "retryd.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image tag: image.tag, or the chart's appVersion.
+*/}}
+{{- define "retryd.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{/*
+Full image reference of the retryd container: repository@digest when a digest
+is set, repository:tag otherwise.
+*/}}
+{{- define "retryd.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (include "retryd.imageTag" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Image of the helm test pod: tests.image, defaulting to the retryd image, which
+carries /usr/local/bin/retryd-healthcheck.
+*/}}
+{{- define "retryd.testImage" -}}
+{{- if or .Values.tests.image.repository .Values.tests.image.tag }}
+{{- printf "%s:%s" (default .Values.image.repository .Values.tests.image.repository) (default (include "retryd.imageTag" .) .Values.tests.image.tag) }}
+{{- else }}
+{{- include "retryd.image" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Kind of the workload for the store: a Deployment for the in-memory store. A
+store that keeps state on a volume (kind file) will use a StatefulSet with a
+volumeClaimTemplate built from the same pod template (retryd.podTemplate).
+*/}}
+{{- define "retryd.workloadKind" -}}
+{{- if eq .Values.store.kind "file" }}StatefulSet{{ else }}Deployment{{ end }}
+{{- end }}
+
+{{/*
+Seconds in a Go duration string (such as "10s", "1m30s", "500ms"), as a
+float. values.schema.json only admits strings this parser understands.
+*/}}
+{{- define "retryd.durationSecondsFloat" -}}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" . -1 }}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . }}
+{{- $unit := trimPrefix $number . }}
+{{- $scale := get (dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0) $unit }}
+{{- $total = addf $total (mulf (float64 $number) $scale) }}
+{{- end }}
+{{- $total }}
+{{- end }}
+
+{{/*
+Seconds in a Go duration string, rounded up to a whole second.
+*/}}
+{{- define "retryd.durationSeconds" -}}
+{{- include "retryd.durationSecondsFloat" . | float64 | ceil | int64 }}
+{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: the value set, or server.shutdownTimeout
+rounded up plus 5 seconds for the kubelet and the endpoint removal. A value
+not longer than the shutdown timeout fails the render: the kubelet would kill
+retryd before it drained.
+*/}}
+{{- define "retryd.terminationGracePeriodSeconds" -}}
+{{- $shutdown := include "retryd.durationSeconds" .Values.server.shutdownTimeout | int64 }}
+{{- if kindIs "invalid" .Values.terminationGracePeriodSeconds }}
+{{- add $shutdown 5 }}
+{{- else }}
+{{- $grace := .Values.terminationGracePeriodSeconds | int64 }}
+{{- if le $grace $shutdown }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be greater than server.shutdownTimeout (%s = %ds): the kubelet would kill retryd before it stops" $grace .Values.server.shutdownTimeout $shutdown) }}
+{{- end }}
+{{- $grace }}
+{{- end }}
+{{- end }}
+
+{{/*
+Checks that need more than one value, so values.schema.json cannot express
+them. Included by every workload template; renders nothing.
+*/}}
+{{- define "retryd.validate" -}}
+{{- $kind := .Values.store.kind }}
+{{- if has $kind (list "memory" "file") }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "replicaCount is %d but store.kind %q keeps retry chains in one pod: use replicaCount 1" (int .Values.replicaCount) $kind) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.maxReplicas) 1) }}
+{{- fail (printf "autoscaling.maxReplicas is %d but store.kind %q keeps retry chains in one pod: use maxReplicas 1" (int .Values.autoscaling.maxReplicas) $kind) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail (printf "autoscaling.minReplicas (%d) is greater than autoscaling.maxReplicas (%d)" (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- end }}
+{{- if and .Values.podDisruptionBudget.enabled (kindIs "invalid" .Values.podDisruptionBudget.minAvailable) (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable) }}
+{{- fail "podDisruptionBudget: set minAvailable or maxUnavailable" }}
+{{- end }}
+{{- if and .Values.otel.enabled (not .Values.otel.endpoint) }}
+{{- fail "otel.endpoint must be set when otel.enabled is true" }}
+{{- end }}
+{{- if lt (include "retryd.durationSecondsFloat" .Values.server.chainTtl | float64) 1.0 }}
+{{- fail (printf "server.chainTtl %q must be at least 1s" .Values.server.chainTtl) }}
+{{- end }}
+{{- range $key := list "abandonGrace" "shutdownTimeout" }}
+{{- if le (include "retryd.durationSecondsFloat" (get $.Values.server $key) | float64) 0.0 }}
+{{- fail (printf "server.%s %q must be positive" $key (get $.Values.server $key)) }}
+{{- end }}
+{{- end }}
+{{- $_ := include "retryd.terminationGracePeriodSeconds" . }}
+{{- end }}
+
+{{/*
+The policy file passed with --config, built from the policies, providers
+and defaultPolicy values (defaultPolicy only when set).
+*/}}
+{{- define "retryd.policyFile" -}}
+policies:
+{{- if .Values.policies }}
+{{ toYaml .Values.policies | indent 2 }}
+{{- else }} {}
+{{- end }}
+providers:
+{{- if .Values.providers }}
+{{ toYaml .Values.providers | indent 2 }}
+{{- else }} {}
+{{- end }}
+{{- with .Values.defaultPolicy }}
+defaultPolicy:
+{{ toYaml . | indent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+OTEL_RESOURCE_ATTRIBUTES: the pod's name and namespace (from the downward API
+variables POD_NAME and POD_NAMESPACE) and otel.resourceAttributes, sorted.
+*/}}
+{{- define "retryd.otelResourceAttributes" -}}
+{{- $attrs := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" }}
+{{- range $key := keys .Values.otel.resourceAttributes | sortAlpha }}
+{{- $attrs = append $attrs (printf "%s=%v" $key (get $.Values.otel.resourceAttributes $key)) }}
+{{- end }}
+{{- join "," $attrs }}
+{{- end }}

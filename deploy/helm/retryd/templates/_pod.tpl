@@ -1,0 +1,173 @@
+{{/*
+Pod template of the retryd workload, shared by every workload kind (see
+retryd.workloadKind) so that a StatefulSet for a volume-backed store differs
+from the Deployment only in its own fields.
+*/}}
+{{- define "retryd.podTemplate" -}}
+metadata:
+  annotations:
+    checksum/config: {{ include "retryd.policyFile" . | sha256sum }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  labels:
+    {{- include "retryd.labels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  serviceAccountName: {{ include "retryd.serviceAccountName" . }}
+  automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: {{ include "retryd.terminationGracePeriodSeconds" . }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with .Values.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: retryd
+      image: {{ include "retryd.image" . | quote }}
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      args:
+        - serve
+        - --listen=0.0.0.0:{{ .Values.server.port }}
+        - --config=/etc/retryd/config.yaml
+        - --chain-ttl={{ .Values.server.chainTtl }}
+        - --abandon-grace={{ .Values.server.abandonGrace }}
+        - --shutdown-timeout={{ .Values.server.shutdownTimeout }}
+        - --log-level={{ .Values.server.logLevel }}
+        - --log-format={{ .Values.server.logFormat }}
+        - --event-log-size={{ int64 .Values.server.eventLogSize }}
+      {{- if or .Values.otel.enabled .Values.extraEnv }}
+      env:
+        {{- if .Values.otel.enabled }}
+        - name: POD_NAME
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.name
+        - name: POD_NAMESPACE
+          valueFrom:
+            fieldRef:
+              fieldPath: metadata.namespace
+        - name: OTEL_SERVICE_NAME
+          value: {{ default (include "retryd.fullname" .) .Values.otel.serviceName | quote }}
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ .Values.otel.endpoint | quote }}
+        - name: OTEL_EXPORTER_OTLP_PROTOCOL
+          value: {{ .Values.otel.protocol | quote }}
+        - name: OTEL_TRACES_EXPORTER
+          value: otlp
+        - name: OTEL_TRACES_SAMPLER
+          value: {{ .Values.otel.sampler | quote }}
+        - name: OTEL_TRACES_SAMPLER_ARG
+          value: {{ .Values.otel.samplerArg | quote }}
+        - name: OTEL_RESOURCE_ATTRIBUTES
+          value: {{ include "retryd.otelResourceAttributes" . | quote }}
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- end }}
+      {{- with .Values.extraEnvFrom }}
+      envFrom:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      ports:
+        - name: grpc
+          containerPort: {{ .Values.server.port }}
+          protocol: TCP
+      {{- with .Values.probes.startup }}
+      {{- if .enabled }}
+      startupProbe:
+        grpc:
+          port: {{ $.Values.server.port }}
+          service: {{ .service | quote }}
+        initialDelaySeconds: {{ .initialDelaySeconds }}
+        periodSeconds: {{ .periodSeconds }}
+        timeoutSeconds: {{ .timeoutSeconds }}
+        failureThreshold: {{ .failureThreshold }}
+      {{- end }}
+      {{- end }}
+      {{- with .Values.probes.liveness }}
+      {{- if .enabled }}
+      livenessProbe:
+        grpc:
+          port: {{ $.Values.server.port }}
+          service: {{ .service | quote }}
+        initialDelaySeconds: {{ .initialDelaySeconds }}
+        periodSeconds: {{ .periodSeconds }}
+        timeoutSeconds: {{ .timeoutSeconds }}
+        failureThreshold: {{ .failureThreshold }}
+      {{- end }}
+      {{- end }}
+      {{- with .Values.probes.readiness }}
+      {{- if .enabled }}
+      readinessProbe:
+        grpc:
+          port: {{ $.Values.server.port }}
+          service: {{ .service | quote }}
+        initialDelaySeconds: {{ .initialDelaySeconds }}
+        periodSeconds: {{ .periodSeconds }}
+        timeoutSeconds: {{ .timeoutSeconds }}
+        failureThreshold: {{ .failureThreshold }}
+      {{- end }}
+      {{- end }}
+      {{- with .Values.resources }}
+      resources:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with .Values.securityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      volumeMounts:
+        - name: config
+          mountPath: /etc/retryd
+          readOnly: true
+        - name: tmp
+          mountPath: /tmp
+        {{- with .Values.extraVolumeMounts }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+  volumes:
+    - name: config
+      configMap:
+        name: {{ include "retryd.fullname" . }}
+    - name: tmp
+      emptyDir:
+        sizeLimit: 64Mi
+    {{- with .Values.extraVolumes }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.topologySpreadConstraints }}
+  {{- $constraints := list }}
+  {{- range . }}
+  {{- $constraint := deepCopy . }}
+  {{- if not (hasKey $constraint "labelSelector") }}
+  {{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "retryd.selectorLabels" $ | fromYaml)) }}
+  {{- end }}
+  {{- $constraints = append $constraints $constraint }}
+  {{- end }}
+  topologySpreadConstraints:
+    {{- toYaml $constraints | nindent 4 }}
+  {{- end }}
+{{- end }}

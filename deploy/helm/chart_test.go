@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -374,6 +375,7 @@ func (r *rendered) policyFile(t *testing.T) string {
 type expectation struct {
 	flags        map[string]string // every --flag of serve except --config
 	port         int32             // server.port
+	metricsPort  int32             // server.metricsPort; 0: no metrics endpoint
 	servicePort  int32
 	grace        int64
 	image        string
@@ -391,8 +393,15 @@ func defaultFlags(overrides map[string]string) map[string]string {
 	f := map[string]string{
 		"listen": "0.0.0.0:7700", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
 		"log-level": "info", "log-format": "text", "event-log-size": "100000",
+		"metrics-listen": "0.0.0.0:9464",
 	}
 	maps.Copy(f, overrides)
+	return f
+}
+
+// withoutFlag deletes a flag from a defaultFlags map.
+func withoutFlag(f map[string]string, name string) map[string]string {
+	delete(f, name)
 	return f
 }
 
@@ -400,7 +409,7 @@ func ptr[T any](v T) *T { return &v }
 
 var expectations = map[string]expectation{
 	"defaults.yaml": {
-		flags: defaultFlags(nil), port: 7700, servicePort: 7700, grace: 15,
+		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 7700, grace: 15,
 		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
 		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
 		extra: func(t *testing.T, r *rendered) {
@@ -419,8 +428,9 @@ var expectations = map[string]expectation{
 		flags: defaultFlags(map[string]string{
 			"chain-ttl": "2h30m", "abandon-grace": "90s", "shutdown-timeout": "1m30s",
 			"log-level": "debug", "log-format": "json", "event-log-size": "2000000",
+			"metrics-listen": "0.0.0.0:9100",
 		}),
-		port: 7700, servicePort: 7700, grace: 95,
+		port: 7700, metricsPort: 9100, servicePort: 7700, grace: 95,
 		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
 		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
 		extra: func(t *testing.T, r *rendered) {
@@ -448,7 +458,7 @@ var expectations = map[string]expectation{
 	},
 	"rolling-port.yaml": {
 		flags: defaultFlags(map[string]string{"listen": "0.0.0.0:9443", "shutdown-timeout": "2500ms"}),
-		port:  9443, servicePort: 7700, grace: 8,
+		port:  9443, metricsPort: 9464, servicePort: 7700, grace: 8,
 		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
 		readiness: retryService, testPodImage: "ghcr.io/retryd/retryd:0.1.0",
 		extra: func(t *testing.T, r *rendered) {
@@ -460,7 +470,7 @@ var expectations = map[string]expectation{
 		},
 	},
 	"minimal-pod.yaml": {
-		flags: defaultFlags(nil), port: 7700, servicePort: 7700, grace: 15,
+		flags: withoutFlag(defaultFlags(nil), "metrics-listen"), port: 7700, metricsPort: 0, servicePort: 7700, grace: 15,
 		image:        "ghcr.io/retryd/retryd@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		replicas:     ptr[int32](0),
 		testPodImage: "ghcr.io/retryd/retryd@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
@@ -477,7 +487,7 @@ var expectations = map[string]expectation{
 		},
 	},
 	"all-options.yaml": {
-		flags: defaultFlags(nil), port: 7700, servicePort: 443, grace: 45,
+		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
 		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
 		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
 		extra: checkAllOptions,
@@ -504,8 +514,19 @@ func checkAllOptions(t *testing.T, r *rendered) {
 		t.Errorf("HPA spec = %+v", r.hpa.Spec)
 	}
 	sm := r.serviceMonitor
-	if sm == nil || len(sm.Spec.Endpoints) != 1 || sm.Spec.Endpoints[0].Port != "metrics" || sm.Spec.Endpoints[0].Interval != "15s" {
-		t.Fatalf("ServiceMonitor = %+v", sm)
+	if sm == nil || len(sm.Spec.Endpoints) != 1 {
+		t.Fatalf("ServiceMonitor = %+v, want one endpoint", sm)
+	}
+	if ep := sm.Spec.Endpoints[0]; ep.Port != "metrics" || ep.Path != "/metrics" || ep.Scheme != "http" || ep.Interval != "15s" || ep.ScrapeTimeout != "5s" {
+		t.Errorf("ServiceMonitor endpoint = %+v, want http /metrics on port metrics every 15s", ep)
+	}
+	// The endpoint names a port of the Service it selects, whose target is
+	// the container port of --metrics-listen (checkCommon checks that one).
+	if !slices.ContainsFunc(r.services["retryd-all"].Spec.Ports, func(p corev1.ServicePort) bool {
+		return p.Name == sm.Spec.Endpoints[0].Port && p.TargetPort.String() == "metrics"
+	}) {
+		t.Errorf("the ServiceMonitor scrapes port %q, which the Service retryd-all lacks: %+v",
+			sm.Spec.Endpoints[0].Port, r.services["retryd-all"].Spec.Ports)
 	}
 	if sm.Labels["release"] != "prometheus" || !maps.Equal(sm.Spec.Selector.MatchLabels, selector) {
 		t.Errorf("ServiceMonitor labels %v selector %v", sm.Labels, sm.Spec.Selector.MatchLabels)
@@ -514,6 +535,7 @@ func checkAllOptions(t *testing.T, r *rendered) {
 	if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Fatalf("headless Service = %+v", headless)
 	}
+	checkServicePorts(t, headless, 7700, 9464)
 	if !selects(sm.Spec.Selector, r.services["retryd-all"].Labels) || selects(sm.Spec.Selector, headless.Labels) {
 		t.Errorf("the ServiceMonitor must select the main Service and skip the headless one")
 	}
@@ -662,11 +684,17 @@ func TestNotes(t *testing.T) {
 			if err := decodeStrict([]byte(stdout), &out); err != nil {
 				t.Fatalf("%v\n%s", err, stdout)
 			}
-			for _, want := range []string{
+			wants := []string{
 				fmt.Sprintf("kubectl --namespace %s port-forward service/", namespace),
 				"grpcurl -plaintext localhost:7700 list",
 				"helm test " + release,
-			} {
+			}
+			if port := expectations[filepath.Base(f)].metricsPort; port != 0 {
+				wants = append(wants, fmt.Sprintf(` 9464:%d`, port), "curl -s localhost:9464/metrics")
+			} else {
+				wants = append(wants, "Metrics are off")
+			}
+			for _, want := range wants {
 				if !strings.Contains(out.Notes, want) {
 					t.Errorf("NOTES lack %q:\n%s", want, out.Notes)
 				}
@@ -807,6 +835,11 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		t.Errorf("--config = %q", flags["config"])
 	}
 	delete(flags, "config")
+	if got, ok := flags["metrics-listen"]; want.metricsPort == 0 && ok {
+		t.Errorf("--metrics-listen=%s rendered though server.metricsPort is 0", got)
+	} else if wantAddr := fmt.Sprintf("0.0.0.0:%d", want.metricsPort); want.metricsPort != 0 && got != wantAddr {
+		t.Errorf("--metrics-listen = %q (given: %v), want %s", got, ok, wantAddr)
+	}
 	if !maps.Equal(flags, want.flags) {
 		t.Errorf("serve flags = %v, want %v", flags, want.flags)
 	}
@@ -824,8 +857,12 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	if want.otel && envValue(c.Env, "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
 		t.Errorf("otel enabled but OTEL_EXPORTER_OTLP_ENDPOINT not set: %v", c.Env)
 	}
-	if len(c.Ports) != 1 || c.Ports[0].Name != "grpc" || c.Ports[0].ContainerPort != want.port {
-		t.Errorf("ports = %+v, want grpc %d", c.Ports, want.port)
+	wantPorts := []corev1.ContainerPort{{Name: "grpc", ContainerPort: want.port, Protocol: corev1.ProtocolTCP}}
+	if want.metricsPort != 0 {
+		wantPorts = append(wantPorts, corev1.ContainerPort{Name: "metrics", ContainerPort: want.metricsPort, Protocol: corev1.ProtocolTCP})
+	}
+	if !slices.Equal(c.Ports, wantPorts) {
+		t.Errorf("ports = %+v, want %+v", c.Ports, wantPorts)
 	}
 	if (c.Resources.Requests.Cpu().IsZero() || c.Resources.Limits.Memory().IsZero()) == want.resources {
 		t.Errorf("resources = %+v, want set: %v", c.Resources, want.resources)
@@ -862,10 +899,7 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	if svc == nil {
 		t.Fatalf("no Service named %s", d.Name)
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != want.servicePort || svc.Spec.Ports[0].TargetPort.String() != "grpc" ||
-		deref(svc.Spec.Ports[0].AppProtocol) != "grpc" {
-		t.Errorf("Service ports = %+v, want %d → grpc with appProtocol grpc", svc.Spec.Ports, want.servicePort)
-	}
+	checkServicePorts(t, svc, want.servicePort, want.metricsPort)
 	if !maps.Equal(svc.Spec.Selector, selector) {
 		t.Errorf("Service selector = %v, want %v", svc.Spec.Selector, selector)
 	}
@@ -875,6 +909,31 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	}
 
 	checkTestPod(t, r, svc, want)
+}
+
+// checkServicePorts asserts a Service's ports: grpc (to the container port
+// grpc, appProtocol grpc) first, then, unless metricsPort is 0, metrics on
+// metricsPort (to the container port metrics, appProtocol http).
+func checkServicePorts(t *testing.T, svc *corev1.Service, grpcPort, metricsPort int32) {
+	t.Helper()
+	type port struct {
+		Name        string
+		Port        int32
+		Target      string
+		Protocol    corev1.Protocol
+		AppProtocol string
+	}
+	var got []port
+	for _, p := range svc.Spec.Ports {
+		got = append(got, port{p.Name, p.Port, p.TargetPort.String(), p.Protocol, deref(p.AppProtocol)})
+	}
+	want := []port{{"grpc", grpcPort, "grpc", corev1.ProtocolTCP, "grpc"}}
+	if metricsPort != 0 {
+		want = append(want, port{"metrics", metricsPort, "metrics", corev1.ProtocolTCP, "http"})
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("Service %s ports = %+v, want %+v", svc.Name, got, want)
+	}
 }
 
 // checkTestPod asserts the helm test hook: the health check of the Service,
@@ -1036,10 +1095,12 @@ func TestCheckConfig(t *testing.T) {
 }
 
 // TestServeRenderedArgs starts the real retryd with the rendered container's
-// args and env, changing only the listen address (to a free loopback port)
-// and the config path (to the rendered ConfigMap), and checks that gRPC
-// health answers SERVING, that reflection lists the RetryService, that the
-// helm test pod's command passes, and that SIGTERM stops it cleanly.
+// args and env, changing only the listen and metrics addresses (to free
+// loopback ports) and the config path (to the rendered ConfigMap), and
+// checks that gRPC health answers SERVING, that reflection lists the
+// RetryService, that the helm test pod's command passes, that /metrics
+// serves retryd's metrics when the chart enables it, and that SIGTERM stops
+// it cleanly.
 func TestServeRenderedArgs(t *testing.T) {
 	t.Parallel()
 	bins := buildBinaries(t)
@@ -1053,6 +1114,7 @@ func TestServeRenderedArgs(t *testing.T) {
 
 			args := slices.Clone(c.Args)
 			rewritten := 0
+			metricsAddr := "" // stays empty when the chart renders no --metrics-listen
 			for i, a := range args {
 				switch {
 				case strings.HasPrefix(a, "--listen="):
@@ -1061,10 +1123,17 @@ func TestServeRenderedArgs(t *testing.T) {
 				case strings.HasPrefix(a, "--config="):
 					args[i] = "--config=" + config
 					rewritten++
+				case strings.HasPrefix(a, "--metrics-listen="):
+					metricsAddr = freeLoopbackAddr(t)
+					args[i] = "--metrics-listen=" + metricsAddr
 				}
 			}
 			if rewritten != 2 {
 				t.Fatalf("args %q lack --listen= or --config=", c.Args)
+			}
+			if want, ok := expectations[filepath.Base(f)]; ok && (want.metricsPort != 0) != (metricsAddr != "") {
+				t.Fatalf("args %q: --metrics-listen given %v, want %v (server.metricsPort %d)",
+					c.Args, metricsAddr != "", want.metricsPort != 0, want.metricsPort)
 			}
 
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -1105,6 +1174,15 @@ func TestServeRenderedArgs(t *testing.T) {
 				t.Errorf("reflection lists %v (%v), want %s among them", services, err, retryService)
 			}
 
+			if metricsAddr != "" {
+				body, err := getMetrics(ctx, metricsAddr)
+				if err != nil {
+					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, logs.String())
+				} else if !strings.Contains(body, "retryd_sessions") {
+					t.Errorf("/metrics lacks retryd_sessions:\n%s", body)
+				}
+			}
+
 			// The helm test pod's command, pointed at this server.
 			testArgs := slices.Clone(r.testPod.Spec.Containers[0].Args)
 			for i, a := range testArgs {
@@ -1133,6 +1211,30 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// getMetrics fetches http://addr/metrics and returns the body of a 200
+// answer in the Prometheus text format.
+func getMetrics(ctx context.Context, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain") {
+		return "", fmt.Errorf("status %s, Content-Type %q:\n%s", resp.Status, resp.Header.Get("Content-Type"), body)
+	}
+	return string(body), nil
 }
 
 // podEnv resolves the container's env as the kubelet would, for a pod named

@@ -172,6 +172,17 @@ them. Included by every workload template; renders nothing.
 {{- if and .Values.podDisruptionBudget.enabled (kindIs "invalid" .Values.podDisruptionBudget.minAvailable) (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable) }}
 {{- fail "podDisruptionBudget: set minAvailable or maxUnavailable" }}
 {{- end }}
+{{- with .Values.server.metricsPort }}
+{{- if eq (int .) (int $.Values.server.port) }}
+{{- fail (printf "server.metricsPort (%d) must differ from server.port: the gRPC and metrics listeners cannot share a port" (int .)) }}
+{{- end }}
+{{- if eq (int .) (int $.Values.service.port) }}
+{{- fail (printf "server.metricsPort (%d) must differ from service.port: the Service exposes both" (int .)) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not .Values.server.metricsPort) }}
+{{- fail "serviceMonitor.enabled needs server.metricsPort: with 0 retryd serves no /metrics to scrape" }}
+{{- end }}
 {{- if and .Values.otel.enabled (not .Values.otel.endpoint) }}
 {{- fail "otel.endpoint must be set when otel.enabled is true" }}
 {{- end }}

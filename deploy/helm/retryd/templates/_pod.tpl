@@ -45,6 +45,9 @@ spec:
         - --log-level={{ .Values.server.logLevel }}
         - --log-format={{ .Values.server.logFormat }}
         - --event-log-size={{ int64 .Values.server.eventLogSize }}
+        {{- if .Values.server.metricsPort }}
+        - --metrics-listen=0.0.0.0:{{ .Values.server.metricsPort }}
+        {{- end }}
       {{- if or .Values.otel.enabled .Values.extraEnv }}
       env:
         {{- if .Values.otel.enabled }}
@@ -83,6 +86,11 @@ spec:
         - name: grpc
           containerPort: {{ .Values.server.port }}
           protocol: TCP
+        {{- if .Values.server.metricsPort }}
+        - name: metrics
+          containerPort: {{ .Values.server.metricsPort }}
+          protocol: TCP
+        {{- end }}
       {{- with .Values.probes.startup }}
       {{- if .enabled }}
       startupProbe:

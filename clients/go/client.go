@@ -1,0 +1,273 @@
+package retryd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Client calls one retryd server. It is safe for concurrent use by many
+// agent loops; create one per process and share it.
+type Client struct {
+	rpc  retrydv1.RetryServiceClient
+	opts options
+
+	// conn is the connection New created (nil for NewFromConn): Close
+	// closes only that one.
+	conn      *grpc.ClientConn
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New creates a client for the retryd server at target (a gRPC target
+// such as "127.0.0.1:7700" or "dns:///retryd.internal:7700") with
+// grpc.NewClient, which connects lazily on the first call. The connection
+// uses insecure (plaintext) transport credentials, which suit a loopback or
+// sidecar server, unless WithDialOptions supplies others. Close releases
+// the connection.
+func New(target string, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.dialOptions...)
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("retryd: grpc.NewClient %q: %w", target, err)
+	}
+	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: o, conn: conn}, nil
+}
+
+// NewFromConn creates a client over a connection the caller owns and
+// closes; the client's Close leaves it open. WithDialOptions has no effect
+// here.
+func NewFromConn(conn grpc.ClientConnInterface, opts ...Option) *Client {
+	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: newOptions(opts)}
+}
+
+// Close closes the connection New created; for a client from NewFromConn
+// it does nothing. Calling Close again returns the first call's result.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		if c.conn != nil {
+			c.closeErr = c.conn.Close()
+		}
+	})
+	return c.closeErr
+}
+
+// Service returns the generated RetryService client the wrappers use, for
+// calls that need per-call gRPC options.
+func (c *Client) Service() retrydv1.RetryServiceClient { return c.rpc }
+
+// FailedStep reports one failed model request and returns retryd's
+// decision (schedule or delegate) with the event record of it. The call is
+// idempotent per (session, turn, step, downstream phase), so it is safe to
+// repeat after a transport error. Errors are gRPC status errors as the
+// server sent them; see IsRetryPending, ErrorReason and FieldViolations.
+func (c *Client) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest) (*retrydv1.FailedStepResponse, error) {
+	return c.rpc.FailedStep(ctx, req)
+}
+
+// AwaitRetry waits until the retry retryID starts or is cancelled and
+// returns that terminal message: GetStarted() is set when the agent may
+// start the retry attempt now, GetCancelled() when the retry will not
+// start (requested, abandoned, shutdown, expired).
+//
+// While it waits the server counts it as an awaiter, which is what lets a
+// due retry start. If the stream breaks (codes.Unavailable, codes.Internal,
+// or a stream that ends without a terminal message) AwaitRetry re-attaches
+// after the WithReattachBackoff delay, for as long as ctx allows; the
+// retry starts at most once however often it re-attaches, and a retry that
+// became due while no stream was attached starts when one re-attaches
+// (within the server's abandon grace). Any other error, such as
+// codes.NotFound for an unknown or forgotten retry or
+// codes.InvalidArgument, is returned as is. When ctx ends, AwaitRetry
+// returns ctx.Err() (context.DeadlineExceeded also when the server's copy
+// of ctx's deadline passes a moment before ctx's own timer fires); it does
+// not cancel the retry (Recover does).
+func (c *Client) AwaitRetry(ctx context.Context, retryID string) (*retrydv1.AwaitRetryResponse, error) {
+	wait := c.opts.reattachInitial
+	for {
+		term, attached, err := c.awaitOnce(ctx, retryID)
+		if err == nil {
+			return term, nil
+		}
+		if cerr := contextEnded(ctx, err); cerr != nil {
+			return nil, cerr
+		}
+		if !reattachable(err) {
+			return nil, err
+		}
+		if attached {
+			wait = c.opts.reattachInitial
+		}
+		if err := sleep(ctx, jittered(wait)); err != nil {
+			return nil, err
+		}
+		wait = min(2*wait, c.opts.reattachMax)
+	}
+}
+
+// awaitOnce runs one AwaitRetry stream to its terminal message. attached
+// reports whether the stream delivered the retry's state first.
+func (c *Client) awaitOnce(ctx context.Context, retryID string) (term *retrydv1.AwaitRetryResponse, attached bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.rpc.AwaitRetry(ctx, &retrydv1.AwaitRetryRequest{RetryId: retryID})
+	if err != nil {
+		return nil, false, err
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, attached, fmt.Errorf("retryd: AwaitRetry %s ended without started or cancelled: %w", retryID, io.ErrUnexpectedEOF)
+		}
+		if err != nil {
+			return nil, attached, err
+		}
+		switch msg.GetMessage().(type) {
+		case *retrydv1.AwaitRetryResponse_State:
+			attached = true
+		case *retrydv1.AwaitRetryResponse_Started, *retrydv1.AwaitRetryResponse_Cancelled:
+			return msg, true, nil
+		}
+	}
+}
+
+// contextEnded returns the error to report when err means that ctx ended:
+// ctx.Err() once it is set; err itself when it already is a context error
+// (from an earlier contextEnded); and context.DeadlineExceeded for a
+// DEADLINE_EXCEEDED status while ctx has a deadline (the server's deadline
+// is ctx's, propagated, and it can pass a moment before ctx's own timer
+// fires). Otherwise it returns nil.
+func contextEnded(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	if _, ok := ctx.Deadline(); ok && status.Code(err) == codes.DeadlineExceeded {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// reattachable reports whether an AwaitRetry error means the stream broke
+// (try again) rather than that the server refused the request.
+func reattachable(err error) bool {
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Internal:
+		return true
+	}
+	return false
+}
+
+// jittered spreads re-attach attempts of many agents over [d/2, d].
+func jittered(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// CancelRetry cancels one pending retry. It is idempotent: a retry that
+// already started or was cancelled is reported in its terminal state and
+// nothing changes. Cancelling a retry also closes its chain, so the next
+// failure starts again at retry 1.
+func (c *Client) CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error) {
+	return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+		Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: retryID},
+	})
+}
+
+// CancelSession cancels the session's pending retry and open always-mode
+// delegation, and closes its open chains (for an agent whose session
+// ends). It returns codes.NotFound for a session retryd does not know.
+func (c *Client) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
+	return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+		Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: sessionID},
+	})
+}
+
+// StepSucceeded reports a successful model request: the session's open
+// chains close, so its next failure starts again at retry 1.
+func (c *Client) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
+	return c.rpc.StepSucceeded(ctx, req)
+}
+
+// GetChains reads a session's retry chains and its latest turn and step.
+func (c *Client) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
+	return c.rpc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: sessionID})
+}
+
+// WatchEvents streams the event log as an iterator of (event, nil) pairs:
+//
+//	for ev, err := range client.WatchEvents(ctx, req) {
+//		if err != nil {
+//			return err // the last pair
+//		}
+//		…
+//	}
+//
+// The stream opens when the iteration starts and closes when it ends,
+// including when the loop breaks. With req.StopAtEnd the iteration ends
+// without an error once every event recorded so far was yielded;
+// otherwise it follows new events until ctx ends or the stream fails. A
+// failure is yielded once as (nil, err) and ends the iteration: ctx.Err()
+// when ctx ended, else the gRPC error as is (codes.Unavailable when the
+// server shuts down). The stream is not resumed: to continue, watch again
+// with req.AfterSequence set to the last event's sequence.
+func (c *Client) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest) iter.Seq2[*retrydv1.Event, error] {
+	return func(yield func(*retrydv1.Event, error) bool) {
+		sctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		fail := func(err error) {
+			if cerr := contextEnded(ctx, err); cerr != nil {
+				err = cerr
+			}
+			yield(nil, err)
+		}
+		stream, err := c.rpc.WatchEvents(sctx, req)
+		if err != nil {
+			fail(err)
+			return
+		}
+		for {
+			resp, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if err != nil {
+				fail(err)
+				return
+			}
+			if !yield(resp.GetEvent(), nil) {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,54 @@
+// Package retryd is the Go client of retryd, the retry-decision service
+// for fleets of LLM agent loops.
+//
+// An agent loop that sees a model request fail reports it and either
+// retries after the delay retryd chose or hands the failure to its next
+// recovery policy. Recover does the whole exchange: it reports the failure
+// (FailedStep), waits for the retry's single start confirmation
+// (AwaitRetry, re-attaching if the stream breaks), and cancels the retry on
+// the server if the agent gives up first:
+//
+//	client, err := retryd.New("127.0.0.1:7700")
+//	if err != nil {
+//		return err
+//	}
+//	defer client.Close()
+//
+//	out, err := client.Recover(ctx, &retrydv1.FailedStepRequest{
+//		SessionId: sessionID,
+//		Turn:      turn,
+//		Step:      step,
+//		Provider:  "anthropic",
+//		Failure:   &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429},
+//	})
+//	if err != nil {
+//		return err // ctx.Err(), or a gRPC status error (status.Code)
+//	}
+//	history = append(history, out.Event) // the scheduled or delegated record
+//	switch {
+//	case out.Retry:
+//		// start the retry attempt now (out.Started)
+//	case out.Delegate != nil:
+//		// hand the failure to the next recovery policy (out.Delegate.Reason)
+//	case out.Cancelled != nil:
+//		// the retry will not start (out.Cancelled.Reason): stop or delegate
+//	}
+//
+// After a model request succeeds, StepSucceeded closes the session's
+// retry chains, so its next failure starts again at retry 1.
+//
+// The lower-level calls wrap the RetryService one to one: FailedStep,
+// AwaitRetry, CancelRetry, CancelSession, StepSucceeded, GetChains and
+// WatchEvents (an iterator over the event log). Server errors are gRPC
+// status errors returned as is; IsRetryPending, ErrorReason and
+// FieldViolations read their google.rpc error details.
+//
+// Options follow connect-go's pattern: Option is an interface with an
+// unexported method, built by WithDialOptions, WithReattachBackoff and
+// WithCancelTimeout.
+//
+// The Example functions of this package are its runnable documentation.
+// They talk to a real retryd server that the package's TestMain builds
+// from cmd/retryd and starts, and whose address it stores in the test
+// variable retrydAddr; in an agent that address is where retryd serves.
+package retryd

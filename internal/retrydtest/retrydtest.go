@@ -100,10 +100,17 @@ type Server struct {
 // it serves. The process is stopped (SIGTERM, then SIGKILL) at cleanup.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return StartWithEnv(t, nil, args...)
+}
+
+// StartWithEnv is Start with extra environment variables ("KEY=value"),
+// e.g. the OTEL_* settings of a tracing test.
+func StartWithEnv(t testing.TB, env []string, args ...string) *Server {
+	t.Helper()
 	bin := Binary(t)
 	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}, args...)
 	cmd := exec.Command(bin, all...)
-	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	cmd.Env = append(append(os.Environ(), "GORACE=halt_on_error=1"), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

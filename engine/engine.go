@@ -6,6 +6,11 @@
 // serialises access (a shard lock in memory, a transaction elsewhere). Time,
 // randomness and id generation are injected through Env, so every
 // transition is deterministic under test.
+//
+// For durable stores a session converts to and from the storage schema
+// (Snapshot, RestoreSession in retryd.state.v1), a transition that could
+// not be written is undone (Checkpoint, Revert), and awaiters hear of a
+// start or cancellation only once the store commits it (Commit).
 package engine
 
 import (
@@ -99,7 +104,8 @@ type Retry struct {
 	Cancelled *retrydv1.RetryCancelled
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
-	// Done is closed when the retry becomes terminal.
+	// Done is closed once the retry is terminal and the store committed the
+	// transition (Session.Commit).
 	Done  chan struct{}
 	chain *Chain
 }
@@ -152,6 +158,7 @@ type Session struct {
 	delegation *position // always mode: a downstream_first answer awaiting its follow-up
 	cancelled  *position // a delegation cancelled at this position
 	retries    []*Retry  // oldest first, at most MaxRetainedRetries
+	settled    []*Retry  // terminal since the last Commit; their Done is still open
 }
 
 // NewSession returns an empty session.
@@ -429,6 +436,7 @@ func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *re
 
 // Start records that r's backoff ended with an awaiter present. It reports
 // false (and records nothing) unless r is pending: Started happens once.
+// r's awaiters are released by the store's next Commit.
 func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 		return nil, false
@@ -445,12 +453,13 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	}
 	r.chain.Updated = env.Now
 	s.Updated = env.Now
-	close(r.Done)
+	s.settled = append(s.settled, r)
 	return s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Started{Started: r.Started}}), true
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
-// retry is a no-op that records nothing.
+// retry is a no-op that records nothing. r's awaiters are released by the
+// store's next Commit.
 func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*retrydv1.Event {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 		return nil
@@ -464,7 +473,7 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 		s.pending = nil
 	}
 	s.Updated = env.Now
-	close(r.Done)
+	s.settled = append(s.settled, r)
 	evs := []*retrydv1.Event{s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: r.Cancelled}})}
 	if r.chain.Open && r.chain.Latest == r {
 		evs = append(evs, s.closeChain(env, r.chain, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
@@ -579,3 +588,14 @@ func (s *Session) OpenChains() int {
 
 // Retries returns the retained retries, oldest first.
 func (s *Session) Retries() []*Retry { return s.retries }
+
+// Commit releases the awaiters of every retry that became terminal since
+// the last Commit or Revert: it closes their Done channels. A store calls
+// it once the transitions are durable (at once when it keeps nothing), so
+// no agent hears of a start or cancellation that a crash could undo.
+func (s *Session) Commit() {
+	for _, r := range s.settled {
+		close(r.Done)
+	}
+	s.settled = nil
+}

@@ -43,6 +43,25 @@ type Config struct {
 	// MetricsListen is the HTTP address of the Prometheus /metrics endpoint;
 	// empty turns it off (flag --metrics-listen, env RETRYD_METRICS_LISTEN).
 	MetricsListen string
+	// Store is where state lives: "memory" (lost on restart) or
+	// "file:DIR", durable in DIR on this node (flag --store, env
+	// RETRYD_STORE).
+	Store string
+}
+
+// StoreMemory and StoreFilePrefix are the values of Config.Store.
+const (
+	StoreMemory     = "memory"
+	StoreFilePrefix = "file:"
+)
+
+// StoreKind returns the kind of the configured store ("memory" or "file")
+// and, for a file store, its directory.
+func (c *Config) StoreKind() (kind, dir string) {
+	if d, ok := strings.CutPrefix(c.Store, StoreFilePrefix); ok {
+		return "file", d
+	}
+	return c.Store, ""
 }
 
 // DefaultConfig returns the defaults.
@@ -55,6 +74,7 @@ func DefaultConfig() Config {
 		EventLogSize:    100_000,
 		LogLevel:        "info",
 		LogFormat:       "text",
+		Store:           StoreMemory,
 	}
 }
 
@@ -71,6 +91,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (env RETRYD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
+	fs.StringVar(&c.Store, "store", c.Store, "memory, or file:DIR for state that survives restarts (env RETRYD_STORE)")
 }
 
 // EnvNames maps each flag to its environment variable.
@@ -84,6 +105,7 @@ var EnvNames = map[string]string{
 	"log-level":        "RETRYD_LOG_LEVEL",
 	"log-format":       "RETRYD_LOG_FORMAT",
 	"metrics-listen":   "RETRYD_METRICS_LISTEN",
+	"store":            "RETRYD_STORE",
 }
 
 // ApplyEnv sets every flag of fs that has an environment variable present
@@ -149,6 +171,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		bad("log-format", c.LogFormat, "want text or json")
+	}
+	switch kind, dir := c.StoreKind(); {
+	case kind == "file" && dir == "":
+		bad("store", c.Store, "file: needs a directory, e.g. file:/var/lib/retryd")
+	case kind != StoreMemory && kind != "file":
+		bad("store", c.Store, "want memory or file:DIR")
 	}
 	return errors.Join(errs...)
 }

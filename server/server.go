@@ -13,6 +13,7 @@ import (
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -64,28 +65,32 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}()
 
+	// The store opens before the listeners: a store that cannot be opened
+	// (unreachable, locked, another schema version) refuses the start.
+	store, err := openStore(c)
+	if err != nil {
+		return err
+	}
+	defer store.close(log)
 	lis, err := net.Listen("tcp", c.Listen)
 	if err != nil {
+		store.stop()
 		return fmt.Errorf("server: listen: %w", err)
 	}
 	var metricsLis net.Listener
 	if c.MetricsListen != "" {
 		if metricsLis, err = net.Listen("tcp", c.MetricsListen); err != nil {
 			lis.Close()
+			store.stop()
 			return fmt.Errorf("server: metrics listen: %w", err)
 		}
 	}
 
-	store := memory.New(memory.Config{
-		ChainTTL:     c.ChainTTL,
-		AbandonGrace: c.AbandonGrace,
-		EventLogSize: c.EventLogSize,
-	})
-	svc, err := service.New(store,
+	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
 		service.WithPolicies(policies), service.WithLogger(log),
 		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(tel.Meter))
 	if err != nil {
-		store.Close()
+		store.stop()
 		return err
 	}
 	srv := grpc.NewServer(grpc.StatsHandler(otelgrpc.NewServerHandler(
@@ -119,8 +124,11 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 			}
 		}()
 	}
-	attrs := []any{"addr", lis.Addr().String(), "store", "memory", "tracing", tel.TracingEnabled,
+	attrs := []any{"addr", lis.Addr().String(), "store", store.kind, "tracing", tel.TracingEnabled,
 		"named_policies", len(policies.Names()), "provider_policies", len(policies.Providers())}
+	if store.dir != "" {
+		attrs = append(attrs, "store_dir", store.dir)
+	}
 	if metricsLis != nil {
 		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
 	}
@@ -136,7 +144,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	start := time.Now()
 	log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	hs.Shutdown() // NOT_SERVING: load balancers stop sending new work
-	store.Close() // awaiters get Cancelled(shutdown); watchers end
+	store.stop()  // awaiters get Cancelled(shutdown); watchers end
 	stopped := make(chan struct{})
 	go func() {
 		srv.GracefulStop()
@@ -156,6 +164,50 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		_ = metricsSrv.Shutdown(sctx)
 		cancel()
 	}
+	store.close(log) // in-flight calls have drained
 	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond))
 	return runErr
+}
+
+// openedStore is the configured store with its two steps of shutdown:
+// stop ends its streams and timers before the drain (idempotent), close
+// frees what it holds (the database file) once no call can reach it.
+type openedStore struct {
+	service.Store
+	kind, dir string
+	stop      func()
+	release   func() error
+	released  bool
+}
+
+func (s *openedStore) close(log *slog.Logger) {
+	if s.released {
+		return
+	}
+	s.released = true
+	s.stop()
+	if err := s.release(); err != nil {
+		log.Error("closing the store", "err", err)
+	}
+}
+
+func openStore(c Config) (*openedStore, error) {
+	mc := memory.Config{
+		ChainTTL:     c.ChainTTL,
+		AbandonGrace: c.AbandonGrace,
+		EventLogSize: c.EventLogSize,
+	}
+	switch kind, dir := c.StoreKind(); kind {
+	case StoreMemory:
+		s := memory.New(mc)
+		return &openedStore{Store: s, kind: kind, stop: s.Close, release: func() error { return nil }}, nil
+	case "file":
+		s, err := file.Open(dir, mc)
+		if err != nil {
+			return nil, fmt.Errorf("server: store: %w", err)
+		}
+		return &openedStore{Store: s, kind: kind, dir: dir, stop: s.Store.Close, release: s.Close}, nil
+	default:
+		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory or file:DIR"}
+	}
 }

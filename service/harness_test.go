@@ -13,11 +13,13 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -37,6 +39,18 @@ var backends = []struct {
 		t.Cleanup(s.Close)
 		return s
 	}},
+	{"file", func(t *testing.T, cfg memory.Config) service.Store {
+		s, err := file.Open(t.TempDir(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("closing the file store: %v", err)
+			}
+		})
+		return s
+	}},
 }
 
 type harness struct {
@@ -44,13 +58,21 @@ type harness struct {
 	client retrydv1.RetryServiceClient
 	conn   *grpc.ClientConn
 	store  service.Store
+
+	// With harnessOpts.telemetry: this backend's own tracer provider (the
+	// server's and the agent's), the spans it ended, and its metrics.
+	tracer  *sdktrace.TracerProvider
+	spans   *tracetest.SpanRecorder
+	metrics *sdkmetric.ManualReader
 }
 
 type harnessOpts struct {
 	abandonGrace time.Duration
 	policies     string // YAML policy file content
-	tracer       trace.TracerProvider
-	meter        metric.MeterProvider
+	// telemetry gives each backend's server a recording tracer and meter
+	// provider of its own, so that backends running in parallel never see
+	// each other's spans and metrics.
+	telemetry bool
 }
 
 // eachBackend runs fn once per store, each with its own server over real
@@ -74,18 +96,18 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 				}
 				opts = append(opts, service.WithPolicies(ps))
 			}
+			h := &harness{t: t, store: store}
 			var srvOpts []grpc.ServerOption
-			if o.tracer != nil {
+			if o.telemetry {
+				h.spans = tracetest.NewSpanRecorder()
+				h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.spans))
+				h.metrics = sdkmetric.NewManualReader()
 				srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
-					otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+					otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+				opts = append(opts, service.WithTracerProvider(h.tracer),
+					service.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.metrics))))
 			}
 			srv := grpc.NewServer(srvOpts...)
-			if o.tracer != nil {
-				opts = append(opts, service.WithTracerProvider(o.tracer))
-			}
-			if o.meter != nil {
-				opts = append(opts, service.WithMeterProvider(o.meter))
-			}
 			svc, err := service.New(store, opts...)
 			if err != nil {
 				t.Fatal(err)
@@ -107,17 +129,17 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 			go srv.Serve(lis)
 			t.Cleanup(srv.Stop)
 			dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-			if o.tracer != nil {
+			if o.telemetry {
 				// The agent side propagates its attempt span as W3C trace context.
 				dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
-					otelgrpc.WithTracerProvider(o.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+					otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
 			}
 			conn, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { conn.Close() })
-			h := &harness{t: t, client: retrydv1.NewRetryServiceClient(conn), conn: conn, store: store}
+			h.client, h.conn = retrydv1.NewRetryServiceClient(conn), conn
 			fn(t, h)
 			h.verify()
 		})

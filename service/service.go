@@ -45,6 +45,10 @@ type Store interface {
 // shutting down.
 var ErrShutdown = errors.New("retryd is shutting down")
 
+// ErrUnavailable is wrapped by stores that could not make a change durable:
+// the change was not made, and the caller may try again.
+var ErrUnavailable = errors.New("retryd's store is unavailable; nothing was recorded, try again")
+
 // Service implements retrydv1.RetryServiceServer.
 type Service struct {
 	retrydv1.UnimplementedRetryServiceServer
@@ -284,6 +288,8 @@ func toStatus(err error) error {
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
 	case errors.Is(err, ErrShutdown):
 		return status.Error(codes.Unavailable, ErrShutdown.Error())
+	case errors.Is(err, ErrUnavailable):
+		return status.Error(codes.Unavailable, ErrUnavailable.Error())
 	}
 	var ee *engine.Error
 	if !errors.As(err, &ee) {

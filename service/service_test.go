@@ -400,7 +400,9 @@ func waitAwaiters(t *testing.T, h *harness, retryID string, n uint32) {
 
 func TestAbandoned(t *testing.T) {
 	t.Parallel()
-	eachBackend(t, harnessOpts{abandonGrace: 50 * time.Millisecond}, func(t *testing.T, h *harness) {
+	// The grace must cover a durable store's commit between the second
+	// decision and its await, or the second retry is abandoned too.
+	eachBackend(t, harnessOpts{abandonGrace: 300 * time.Millisecond}, func(t *testing.T, h *harness) {
 		s := h.schedule(failure("s", 1, 1, "p", "SERVER", fast(10)))
 		deadline := time.Now().Add(10 * time.Second)
 		for {

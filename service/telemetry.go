@@ -275,7 +275,21 @@ func (t *telemetry) endDecision(ctx context.Context, f engine.Failure, out engin
 // time) and the end of their backoff spans. Only one goroutine runs it; it
 // returns when ctx ends.
 func (t *telemetry) observe(ctx context.Context, store Store) error {
+	began := time.Now()
 	return store.WatchEvents(ctx, &retrydv1.WatchEventsRequest{}, func(ev *retrydv1.Event) error {
+		if ev.GetTime().AsTime().Before(began) {
+			// A durable store replays what happened before this process
+			// started: learn the pending retries' due times, count nothing.
+			switch k := ev.GetKind().(type) {
+			case *retrydv1.Event_Scheduled:
+				t.dues[k.Scheduled.GetRetryId()] = k.Scheduled.GetDueAt().AsTime()
+			case *retrydv1.Event_Started:
+				delete(t.dues, k.Started.GetRetryId())
+			case *retrydv1.Event_Cancelled:
+				delete(t.dues, k.Cancelled.GetRetryId())
+			}
+			return nil
+		}
 		switch k := ev.GetKind().(type) {
 		case *retrydv1.Event_Scheduled:
 			t.dues[k.Scheduled.GetRetryId()] = k.Scheduled.GetDueAt().AsTime()

@@ -8,7 +8,6 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -50,12 +49,9 @@ func linked(s sdktrace.ReadOnlySpan, to trace.SpanContext) bool {
 // scheduling to Started and whose context Started carries.
 func TestSpansLinkAttemptsToTheirTurn(t *testing.T) {
 	t.Parallel()
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	eachBackend(t, harnessOpts{tracer: tp, meter: mp}, func(t *testing.T, h *harness) {
-		agent := tp.Tracer("agent")
+	eachBackend(t, harnessOpts{telemetry: true}, func(t *testing.T, h *harness) {
+		rec, reader := h.spans, h.metrics
+		agent := h.tracer.Tracer("agent")
 		turnCtx, turn := agent.Start(context.Background(), "turn")
 		p := fast(60)
 		var attempts []trace.SpanContext

@@ -3,13 +3,17 @@
 // lock. Pending retries wait in one timer heap (not a goroutine each), idle
 // sessions expire after a TTL, and the event log is a bounded ring.
 //
-// Nothing survives a restart: a restarted server starts every chain again
-// at retry 1.
+// On its own nothing survives a restart: a restarted server starts every
+// chain again at retry 1. A durable store (store/file) keeps this store's
+// sessions, timers and log and adds two hooks: Config.Persist makes every
+// change durable before it becomes visible, and Config.Restore starts the
+// store from what was recovered.
 package memory
 
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
 	"hash/maphash"
 	mrand "math/rand/v2"
 	"sync"
@@ -17,6 +21,7 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/engine"
+	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
 )
@@ -24,6 +29,9 @@ import (
 var _ service.Store = (*Store)(nil)
 
 const shardCount = 64
+
+// DefaultEventLogSize is how many events the log retains by default.
+const DefaultEventLogSize = 100_000
 
 // Config tunes a Store. Zero fields take the defaults.
 type Config struct {
@@ -33,7 +41,8 @@ type Config struct {
 	// AbandonGrace is how long a due retry waits for an awaiter before it is
 	// cancelled as abandoned. Default 60s.
 	AbandonGrace time.Duration
-	// EventLogSize is how many events the log retains. Default 100000.
+	// EventLogSize is how many events the log retains. Default
+	// DefaultEventLogSize.
 	EventLogSize int
 	// Now replaces time.Now (tests).
 	Now func() time.Time
@@ -41,7 +50,53 @@ type Config struct {
 	NewID func() string
 	// Rand replaces the jitter source (tests).
 	Rand interface{ Float64() float64 }
+
+	// Persist, when set, is called after every change of session state and
+	// before anyone can observe it: before the call that made the change
+	// returns, before an awaiter hears of a start or cancellation, before
+	// the change's events are readable. It is called with the changed
+	// sessions' shard lock held, from many goroutines at once (one per
+	// shard at most), and must return only once the changes are durable.
+	// If it fails, the change is undone, its events are dropped (their
+	// sequence numbers are never used), and the call that made it fails
+	// with service.ErrUnavailable.
+	Persist func(changes []Change) error
+	// Restore, when set, is the state New starts from: the sessions, the
+	// retained events and the last sequence number handed out.
+	Restore *State
 }
+
+// Change is one session's durable change, handed to Config.Persist.
+type Change struct {
+	// SessionID names the session.
+	SessionID string
+	// Session is the session's whole state after the change, or nil when
+	// the store forgot the session (it expired). It shares the session's
+	// records: marshal it before Persist returns.
+	Session *statev1.Session
+	// Events are the events the change recorded, in order, numbered with
+	// their final sequences.
+	Events []*retrydv1.Event
+}
+
+// State is what a durable store recovered, for New to start from.
+type State struct {
+	// Sessions are the restored sessions.
+	Sessions []*engine.Session
+	// Events are the retained events in sequence order; gaps are allowed.
+	Events []*retrydv1.Event
+	// LastSequence is the last sequence number handed out; numbering
+	// continues after it.
+	LastSequence uint64
+}
+
+// persistRetryDelay is how long the timer loop waits before it tries again
+// to record a start or an abandonment that could not be persisted.
+const persistRetryDelay = time.Second
+
+// timerWorkers bounds how many due timers a persisting store handles at
+// once: each waits for its write, and concurrent writes share one sync.
+const timerWorkers = 256
 
 // Store is the in-memory store. Create it with New and stop it with Close.
 type Store struct {
@@ -82,7 +137,7 @@ func New(cfg Config) *Store {
 		cfg.AbandonGrace = time.Minute
 	}
 	if cfg.EventLogSize <= 0 {
-		cfg.EventLogSize = 100_000
+		cfg.EventLogSize = DefaultEventLogSize
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -104,6 +159,9 @@ func New(cfg Config) *Store {
 		s.shards[i].sessions = make(map[string]*engine.Session)
 		s.index[i].retries = make(map[string]*engine.Retry)
 	}
+	if st := cfg.Restore; st != nil {
+		s.restore(st)
+	}
 	s.wg.Add(2)
 	go s.runTimers()
 	go s.runExpiry()
@@ -119,6 +177,87 @@ func (s *Store) Close() {
 		s.timers.stop()
 	})
 	s.wg.Wait()
+}
+
+// restore loads recovered state: the sessions and their retained retries
+// (indexed), one timer per pending retry, and the event log. A retry that
+// fell due while the server was down is given a whole abandon grace from
+// now: no agent could await it before.
+func (s *Store) restore(st *State) {
+	s.log.restore(st.Events, st.LastSequence)
+	now := s.cfg.Now()
+	for _, sess := range st.Sessions {
+		s.shardOf(sess.ID).sessions[sess.ID] = sess
+		for _, r := range sess.Retries() {
+			s.indexRetry(r)
+		}
+		if r := sess.Pending(); r != nil {
+			if r.Due.After(now) {
+				s.timers.push(r.Due, r, timerDue)
+			} else {
+				s.timers.push(now.Add(s.cfg.AbandonGrace), r, timerAbandon)
+			}
+		}
+	}
+}
+
+// change is one session's transition waiting to be committed.
+type change struct {
+	sess   *engine.Session
+	cp     *engine.Checkpoint // nil without Persist
+	forget bool
+	events []*retrydv1.Event
+}
+
+// checkpoint captures sess before a transition, when a failed write may
+// have to undo it.
+func (s *Store) checkpoint(sess *engine.Session) *engine.Checkpoint {
+	if s.cfg.Persist == nil {
+		return nil
+	}
+	return sess.Checkpoint()
+}
+
+// commit makes transitions durable (with Persist) and then visible: their
+// events become readable and the awaiters of retries they ended are
+// released. Callers hold the sessions' shard lock, so nothing observes a
+// session between its transition and the outcome of its write. If the
+// write fails, every session is reverted to its checkpoint and the events'
+// sequences are abandoned: the transitions never happened.
+func (s *Store) commit(changes ...change) error {
+	if s.cfg.Persist == nil {
+		for _, c := range changes {
+			s.log.append(c.events...)
+			c.sess.Commit()
+		}
+		return nil
+	}
+	var events []*retrydv1.Event
+	for _, c := range changes {
+		events = append(events, c.events...)
+	}
+	// Number the events before the snapshot is taken: a stored response
+	// carries its event, and the durable copy must carry the final number.
+	res := s.log.reserve(events)
+	out := make([]Change, len(changes))
+	for i, c := range changes {
+		out[i] = Change{SessionID: c.sess.ID, Events: c.events}
+		if !c.forget {
+			out[i].Session = c.sess.Snapshot()
+		}
+	}
+	if err := s.cfg.Persist(out); err != nil {
+		s.log.resolve(res, false)
+		for _, c := range changes {
+			c.sess.Revert(c.cp)
+		}
+		return fmt.Errorf("memory: persist: %w: %w", service.ErrUnavailable, err)
+	}
+	s.log.resolve(res, true)
+	for _, c := range changes {
+		c.sess.Commit()
+	}
+	return nil
 }
 
 func (s *Store) env() engine.Env {
@@ -172,14 +311,19 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 	if fresh {
 		sess = engine.NewSession(id, env.Now)
 	}
+	cp := s.checkpoint(sess)
 	out, err := sess.Fail(env, f)
 	if err != nil {
 		return engine.FailOutcome{}, err
 	}
+	if len(out.Events) > 0 { // a repeated report changes nothing
+		if err := s.commit(change{sess: sess, cp: cp, events: out.Events}); err != nil {
+			return engine.FailOutcome{}, err
+		}
+	}
 	if fresh {
 		sh.sessions[id] = sess
 	}
-	s.log.append(out.Events...)
 	if r := out.Scheduled; r != nil {
 		s.indexRetry(r)
 		s.timers.push(r.Due, r, timerDue)
@@ -206,8 +350,16 @@ func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retry
 	if sess := sh.sessions[r.SessionID]; watching && sess != nil && !s.cfg.Now().Before(r.Due) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
+		cp := s.checkpoint(sess)
 		if ev, ok := sess.Start(s.env(), r); ok {
-			s.log.append(ev)
+			if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
+				// Not started: the agent awaits again; the abandon timer
+				// still runs.
+				r.Awaiters--
+				sh.mu.Unlock()
+				s.awaiters.Add(-1)
+				return err
+			}
 		}
 	}
 	sh.mu.Unlock()
@@ -254,7 +406,12 @@ func (s *Store) CancelRetry(_ context.Context, retryID string) (*retrydv1.Cancel
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sess := sh.sessions[r.SessionID]; sess != nil {
-		s.log.append(sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)...)
+		cp := s.checkpoint(sess)
+		if evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
+			if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{r.State()}}, nil
 }
@@ -268,8 +425,11 @@ func (s *Store) CancelSession(_ context.Context, sessionID string) (*retrydv1.Ca
 	if sess == nil {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
 	}
+	cp := s.checkpoint(sess)
 	states, delegation, evs := sess.CancelAll(s.env())
-	s.log.append(evs...)
+	if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
+		return nil, err
+	}
 	resp := &retrydv1.CancelRetriesResponse{Retries: states}
 	if delegation {
 		resp.DelegationsCancelled = 1
@@ -287,11 +447,15 @@ func (s *Store) StepSucceeded(_ context.Context, req *retrydv1.StepSucceededRequ
 	if sess == nil {
 		return &retrydv1.StepSucceededResponse{}, nil
 	}
+	cp := s.checkpoint(sess)
 	closed, evs, err := sess.Succeed(s.env(), req.GetTurn(), req.GetStep())
 	if err != nil {
 		return nil, err
 	}
-	s.log.append(evs...)
+	// Even without events the session changed: its latest position moved.
+	if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
+		return nil, err
+	}
 	return &retrydv1.StepSucceededResponse{Closed: closed}, nil
 }
 
@@ -335,30 +499,60 @@ func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsReques
 }
 
 // runTimers starts due retries that have an awaiter, and cancels as
-// abandoned the ones nobody awaited within the grace.
+// abandoned the ones nobody awaited within the grace. Without Persist one
+// goroutine handles every timer in turn; with it, each timer is handled in
+// a goroutine of its own (at most timerWorkers at once), so that starts
+// due together share one durable write instead of queueing for one each.
 func (s *Store) runTimers() {
 	defer s.wg.Done()
+	var workers chan struct{}
+	if s.cfg.Persist != nil {
+		workers = make(chan struct{}, timerWorkers)
+	}
 	for {
 		e, ok := s.timers.next(s.cfg.Now)
 		if !ok {
 			return
 		}
-		r := e.retry
-		sh := s.shardOf(r.SessionID)
-		sh.mu.Lock()
-		sess := sh.sessions[r.SessionID]
-		switch {
-		case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
-		case e.kind == timerDue && r.Awaiters > 0:
-			if ev, ok := sess.Start(s.env(), r); ok {
-				s.log.append(ev)
-			}
-		case e.kind == timerDue:
-			s.timers.push(r.Due.Add(s.cfg.AbandonGrace), r, timerAbandon)
-		case r.Awaiters == 0:
-			s.log.append(sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
+		if workers == nil {
+			s.fire(e)
+			continue
 		}
-		sh.mu.Unlock()
+		workers <- struct{}{}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.fire(e)
+			<-workers
+		}()
+	}
+}
+
+// fire handles one timer. A start or abandonment that cannot be persisted
+// is tried again after persistRetryDelay.
+func (s *Store) fire(e timerEntry) {
+	r := e.retry
+	sh := s.shardOf(r.SessionID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sess := sh.sessions[r.SessionID]
+	switch {
+	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
+	case e.kind == timerDue && r.Awaiters > 0:
+		cp := s.checkpoint(sess)
+		if ev, ok := sess.Start(s.env(), r); ok {
+			if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
+				s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
+			}
+		}
+	case e.kind == timerDue:
+		s.timers.push(r.Due.Add(s.cfg.AbandonGrace), r, timerAbandon)
+	case r.Awaiters == 0:
+		cp := s.checkpoint(sess)
+		evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)
+		if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
+			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerAbandon)
+		}
 	}
 }
 
@@ -378,15 +572,24 @@ func (s *Store) runExpiry() {
 	}
 }
 
+// expire forgets the sessions idle since before; a shard's expired
+// sessions are committed together (one durable write per shard). If the
+// write fails they stay, and the next round tries again.
 func (s *Store) expire(before time.Time) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for id, sess := range sh.sessions {
+		var changes []change
+		for _, sess := range sh.sessions {
 			if sess.Pending() == nil && sess.Updated.Before(before) {
-				s.log.append(sess.Expire(s.env())...)
-				delete(sh.sessions, id)
-				s.unindex(sess.Retries())
+				cp := s.checkpoint(sess)
+				changes = append(changes, change{sess: sess, cp: cp, forget: true, events: sess.Expire(s.env())})
+			}
+		}
+		if len(changes) > 0 && s.commit(changes...) == nil {
+			for _, c := range changes {
+				delete(sh.sessions, c.sess.ID)
+				s.unindex(c.sess.Retries())
 			}
 		}
 		sh.mu.Unlock()

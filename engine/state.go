@@ -1,0 +1,299 @@
+package engine
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Snapshot returns the session's whole state in the storage schema, for a
+// durable store to write. It shares the session's immutable records (the
+// scheduled, started and cancelled messages and the stored responses), so
+// marshal it before the session changes again. Connected awaiters and Done
+// channels are runtime state and are not part of it.
+func (s *Session) Snapshot() *statev1.Session {
+	out := &statev1.Session{Id: s.ID, UpdatedAt: timestamp(s.Updated)}
+	if s.seen {
+		out.Latest = &statev1.Position{Turn: s.latest.turn, Step: s.latest.step}
+	}
+	for _, phase := range slices.Sorted(maps.Keys(s.records)) {
+		rec := s.records[phase]
+		out.Records = append(out.Records, &statev1.StepRecord{
+			Phase: phase, Fingerprint: bytes.Clone(rec.fingerprint[:]), Response: rec.response,
+		})
+	}
+	retained := make(map[*Retry]bool, len(s.retries))
+	for _, r := range s.retries {
+		retained[r] = true
+		out.Retries = append(out.Retries, retryState(r))
+	}
+	for _, c := range s.sortedChains() {
+		pc := &statev1.Chain{
+			Key:       &statev1.ChainKey{Provider: c.Key.Provider, PolicyKey: c.Key.PolicyKey},
+			Mode:      c.Mode,
+			Retries:   c.Retries,
+			Open:      c.Open,
+			UpdatedAt: timestamp(c.Updated),
+			Attempts:  slices.Clone(c.attempts),
+		}
+		if c.Max != nil {
+			pc.MaxRetries = proto.Uint32(*c.Max)
+		}
+		if c.Latest != nil {
+			pc.LatestRetryId = c.Latest.ID
+			if !retained[c.Latest] {
+				pc.LatestUnretained = retryState(c.Latest)
+			}
+		}
+		out.Chains = append(out.Chains, pc)
+	}
+	if s.pending != nil {
+		out.PendingRetryId = s.pending.ID
+	}
+	if d := s.delegation; d != nil {
+		out.Delegation = &statev1.Position{Turn: d.turn, Step: d.step}
+	}
+	if c := s.cancelled; c != nil {
+		out.CancelledDelegation = &statev1.Position{Turn: c.turn, Step: c.step}
+	}
+	return out
+}
+
+func retryState(r *Retry) *statev1.Retry {
+	return &statev1.Retry{
+		Chain:     &statev1.ChainKey{Provider: r.chain.Key.Provider, PolicyKey: r.chain.Key.PolicyKey},
+		Status:    r.Status,
+		Scheduled: r.Scheduled,
+		Started:   r.Started,
+		Cancelled: r.Cancelled,
+	}
+}
+
+// timestamp maps the zero time to an absent timestamp, so that a restore
+// gives back the zero time.
+func timestamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// RestoreSession rebuilds a session from its Snapshot; the session takes
+// ownership of snap. A restored pending retry has a fresh Done channel and
+// no awaiters; a restored terminal retry's Done is closed. A snapshot that
+// does not describe a consistent session (a pending retry that is not
+// retained, a retry of an unknown chain, …) is an error: the store's data
+// is damaged, and retryd must not guess.
+func RestoreSession(snap *statev1.Session) (*Session, error) {
+	if snap.GetId() == "" {
+		return nil, fmt.Errorf("engine: restore: session without an id")
+	}
+	s := NewSession(snap.GetId(), timeOf(snap.GetUpdatedAt()))
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("engine: restore session %q: %s", s.ID, fmt.Sprintf(format, args...))
+	}
+	if l := snap.GetLatest(); l != nil {
+		s.latest, s.seen = position{l.GetTurn(), l.GetStep()}, true
+	}
+	for _, rec := range snap.GetRecords() {
+		if !s.seen {
+			return nil, bad("a step record without a latest position")
+		}
+		if len(rec.GetFingerprint()) != sha256.Size {
+			return nil, bad("step record fingerprint of %d bytes, want %d", len(rec.GetFingerprint()), sha256.Size)
+		}
+		if rec.GetResponse() == nil {
+			return nil, bad("step record (downstream %s) without its response", rec.GetPhase())
+		}
+		if s.records == nil {
+			s.records = make(map[retrydv1.Downstream]*stepRecord, len(snap.GetRecords()))
+		}
+		if s.records[rec.GetPhase()] != nil {
+			return nil, bad("two step records for downstream %s", rec.GetPhase())
+		}
+		r := &stepRecord{response: rec.GetResponse()}
+		copy(r.fingerprint[:], rec.GetFingerprint())
+		s.records[rec.GetPhase()] = r
+	}
+	latest := make(map[*Chain]*statev1.Chain, len(snap.GetChains()))
+	for _, pc := range snap.GetChains() {
+		if pc.GetKey() == nil {
+			return nil, bad("a chain without its key")
+		}
+		key := ChainKey{Provider: pc.GetKey().GetProvider(), PolicyKey: pc.GetKey().GetPolicyKey()}
+		if s.chains[key] != nil {
+			return nil, bad("two chains %s / %s", key.Provider, key.PolicyKey)
+		}
+		c := &Chain{
+			Key:      key,
+			Mode:     pc.GetMode(),
+			Retries:  pc.GetRetries(),
+			Open:     pc.GetOpen(),
+			Updated:  timeOf(pc.GetUpdatedAt()),
+			attempts: pc.GetAttempts(),
+		}
+		if pc.MaxRetries != nil {
+			c.Max = proto.Uint32(pc.GetMaxRetries())
+		}
+		s.chains[key] = c
+		latest[c] = pc
+	}
+	byID := make(map[string]*Retry, len(snap.GetRetries()))
+	for _, pr := range snap.GetRetries() {
+		r, err := s.restoreRetry(pr)
+		if err != nil {
+			return nil, err
+		}
+		if byID[r.ID] != nil {
+			return nil, bad("two retained retries with id %s", r.ID)
+		}
+		byID[r.ID] = r
+		s.retries = append(s.retries, r)
+	}
+	if len(s.retries) > MaxRetainedRetries {
+		return nil, bad("%d retained retries, at most %d are kept", len(s.retries), MaxRetainedRetries)
+	}
+	if id := snap.GetPendingRetryId(); id != "" {
+		if s.pending = byID[id]; s.pending == nil {
+			return nil, bad("pending retry %s is not among the retained retries", id)
+		}
+	}
+	for _, r := range s.retries {
+		if (r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING) != (r == s.pending) {
+			return nil, bad("retry %s is %s but the session's pending retry is %q", r.ID, r.Status, snap.GetPendingRetryId())
+		}
+	}
+	for c, pc := range latest {
+		id := pc.GetLatestRetryId()
+		switch {
+		case id == "" && pc.GetLatestUnretained() != nil:
+			return nil, bad("chain %s / %s has an unretained latest retry but no latest id", c.Key.Provider, c.Key.PolicyKey)
+		case id == "":
+		case pc.GetLatestUnretained() != nil:
+			r, err := s.restoreRetry(pc.GetLatestUnretained())
+			if err != nil {
+				return nil, err
+			}
+			if r.ID != id || r.chain != c || r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING || byID[id] != nil {
+				return nil, bad("chain %s / %s: unretained latest retry %s does not match (id %s, %s)",
+					c.Key.Provider, c.Key.PolicyKey, id, r.ID, r.Status)
+			}
+			c.Latest = r
+		default:
+			if c.Latest = byID[id]; c.Latest == nil || c.Latest.chain != c {
+				return nil, bad("chain %s / %s: latest retry %s is not a retained retry of the chain", c.Key.Provider, c.Key.PolicyKey, id)
+			}
+		}
+	}
+	if d := snap.GetDelegation(); d != nil {
+		s.delegation = &position{d.GetTurn(), d.GetStep()}
+	}
+	if c := snap.GetCancelledDelegation(); c != nil {
+		s.cancelled = &position{c.GetTurn(), c.GetStep()}
+	}
+	return s, nil
+}
+
+func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
+	sc := pr.GetScheduled()
+	if sc.GetRetryId() == "" || sc.GetDueAt() == nil {
+		return nil, fmt.Errorf("engine: restore session %q: a retry without its scheduled record", s.ID)
+	}
+	key := ChainKey{Provider: pr.GetChain().GetProvider(), PolicyKey: pr.GetChain().GetPolicyKey()}
+	chain := s.chains[key]
+	if chain == nil {
+		return nil, fmt.Errorf("engine: restore session %q: retry %s belongs to unknown chain %s / %s",
+			s.ID, sc.GetRetryId(), key.Provider, key.PolicyKey)
+	}
+	r := &Retry{
+		ID:        sc.GetRetryId(),
+		SessionID: s.ID,
+		Scheduled: sc,
+		Due:       sc.GetDueAt().AsTime(),
+		Status:    pr.GetStatus(),
+		Started:   pr.GetStarted(),
+		Cancelled: pr.GetCancelled(),
+		Done:      make(chan struct{}),
+		chain:     chain,
+	}
+	switch {
+	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && r.Started == nil && r.Cancelled == nil:
+	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_STARTED && r.Started != nil && r.Cancelled == nil,
+		r.Status == retrydv1.RetryStatus_RETRY_STATUS_CANCELLED && r.Cancelled != nil && r.Started == nil:
+		close(r.Done)
+	default:
+		return nil, fmt.Errorf("engine: restore session %q: retry %s has status %s with started=%t cancelled=%t",
+			s.ID, r.ID, r.Status, r.Started != nil, r.Cancelled != nil)
+	}
+	return r, nil
+}
+
+// Checkpoint is a session's state at one moment, for undoing the
+// transitions that follow it (Revert) when a store cannot make them
+// durable. It keeps the session's own objects, so the retries and chains
+// that a store, its timers and its awaiters point to stay the same objects.
+type Checkpoint struct {
+	session Session
+	chains  []chainValue
+	retries []retryValue
+}
+
+type chainValue struct {
+	chain *Chain
+	value Chain
+}
+
+type retryValue struct {
+	retry     *Retry
+	status    retrydv1.RetryStatus
+	started   *retrydv1.RetryStarted
+	cancelled *retrydv1.RetryCancelled
+}
+
+// Checkpoint captures the session for a later Revert.
+func (s *Session) Checkpoint() *Checkpoint {
+	cp := &Checkpoint{session: *s}
+	cp.session.records = maps.Clone(s.records)
+	cp.session.chains = maps.Clone(s.chains)
+	cp.session.retries = slices.Clone(s.retries)
+	cp.session.settled = slices.Clone(s.settled)
+	for _, c := range s.chains {
+		v := *c
+		v.attempts = slices.Clone(c.attempts)
+		cp.chains = append(cp.chains, chainValue{c, v})
+	}
+	for _, r := range s.retries {
+		cp.retries = append(cp.retries, retryValue{r, r.Status, r.Started, r.Cancelled})
+	}
+	return cp
+}
+
+// Revert puts the session back as it was at cp, undoing every transition
+// since: a retry scheduled since is forgotten, a retry started or cancelled
+// since is pending again (its Done channel was never closed, as that waits
+// for Commit). Use a checkpoint at most once, and only for the session that
+// took it.
+func (s *Session) Revert(cp *Checkpoint) {
+	*s = cp.session
+	for _, c := range cp.chains {
+		*c.chain = c.value
+	}
+	for _, r := range cp.retries {
+		r.retry.Status, r.retry.Started, r.retry.Cancelled = r.status, r.started, r.cancelled
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -100,7 +101,9 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 			var srvOpts []grpc.ServerOption
 			if o.telemetry {
 				h.spans = tracetest.NewSpanRecorder()
-				h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(h.spans))
+				// The server's own filter: speculative backoff spans of
+				// delegated failures are dropped, not recorded.
+				h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewDiscardFilter(h.spans)))
 				h.metrics = sdkmetric.NewManualReader()
 				srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
 					otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))

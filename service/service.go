@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/retryd/retryd/config"
@@ -59,7 +60,7 @@ type Service struct {
 	now      func() time.Time
 	tp       trace.TracerProvider
 	mp       metric.MeterProvider
-	tel      *telemetry
+	tel      *instruments
 }
 
 // Option configures a Service.
@@ -136,7 +137,14 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	out, err := s.store.FailedStep(ctx, f)
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
+		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),
+			"turn", req.GetTurn(), "step", req.GetStep(), "err", err)
 		return nil, toStatus(err)
+	}
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "failed step decided", "session", req.GetSessionId(), "turn", req.GetTurn(),
+			"step", req.GetStep(), "provider", req.GetProvider(), "code", req.GetFailure().GetCode(),
+			"decision", out.Response.GetDecision().String())
 	}
 	return out.Response, nil
 }
@@ -168,7 +176,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, erro
 		} else if named, ok := s.policies.Named(src.PolicyName); ok {
 			p = named
 		} else {
-			v.add("policy_name", "no policy named "+quote(src.PolicyName)+" is configured on this server")
+			v.add("policy_name", "no policy named "+strconv.Quote(src.PolicyName)+" is configured on this server")
 		}
 	default:
 		if req.GetProvider() != "" {

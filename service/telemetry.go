@@ -8,6 +8,7 @@ import (
 
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -49,8 +50,8 @@ const (
 // first providers seen keep their name, later ones are counted as "other".
 const maxProviderLabels = 64
 
-// telemetry is the service's tracing and metrics.
-type telemetry struct {
+// instruments are the service's tracing and metrics.
+type instruments struct {
 	tracer  trace.Tracer
 	enabled bool // spans are recorded: worth extracting trace contexts
 
@@ -68,7 +69,7 @@ type telemetry struct {
 	dues      map[string]time.Time // retry id → due time, for pending retries (observe only)
 }
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry, error) {
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instruments, error) {
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
 	}
@@ -76,7 +77,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 		mp = metricnoop.NewMeterProvider()
 	}
 	_, noopTracer := tp.(tracenoop.TracerProvider)
-	t := &telemetry{
+	t := &instruments{
 		tracer:    tp.Tracer(instrumentationName),
 		enabled:   !noopTracer,
 		backoffs:  make(map[string]trace.Span),
@@ -131,7 +132,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*telemetry,
 }
 
 // providerLabel keeps the provider label's cardinality bounded.
-func (t *telemetry) providerLabel(p string) string {
+func (t *instruments) providerLabel(p string) string {
 	if p == "" {
 		return "none"
 	}
@@ -183,7 +184,7 @@ func callerAttempt(ctx context.Context) string {
 // startDecision opens the decision span for a validated failure and, when
 // tracing is on, a backoff span whose traceparent the store records with a
 // retry this decision may schedule.
-func (t *telemetry) startDecision(ctx context.Context, f *engine.Failure) (context.Context, trace.Span, trace.Span) {
+func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (context.Context, trace.Span, trace.Span) {
 	req := f.Request
 	ctx, span := t.tracer.Start(ctx, spanDecide, trace.WithAttributes(
 		attrSessionID.String(req.GetSessionId()),
@@ -206,11 +207,16 @@ func (t *telemetry) startDecision(ctx context.Context, f *engine.Failure) (conte
 
 // endDecision records the outcome on the spans and metrics. The backoff
 // span is kept open until the retry starts or is cancelled (see observe);
-// a backoff span for a delegated failure is never ended, so never exported.
-func (t *telemetry) endDecision(ctx context.Context, f engine.Failure, out engine.FailOutcome, err error,
+// the one opened for a failure that was not scheduled is ended marked
+// telemetry.DiscardKey, so it is dropped instead of exported.
+func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out engine.FailOutcome, err error,
 	span, backoff trace.Span, began time.Time,
 ) {
 	defer span.End()
+	if backoff != nil && out.Scheduled == nil {
+		backoff.SetAttributes(telemetry.DiscardKey.Bool(true))
+		backoff.End()
+	}
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 		return
@@ -274,7 +280,7 @@ func (t *telemetry) endDecision(ctx context.Context, f engine.Failure, out engin
 // events into metrics (with the start lateness: actual start minus due
 // time) and the end of their backoff spans. Only one goroutine runs it; it
 // returns when ctx ends.
-func (t *telemetry) observe(ctx context.Context, store Store) error {
+func (t *instruments) observe(ctx context.Context, store Store) error {
 	began := time.Now()
 	return store.WatchEvents(ctx, &retrydv1.WatchEventsRequest{}, func(ev *retrydv1.Event) error {
 		if ev.GetTime().AsTime().Before(began) {
@@ -326,7 +332,7 @@ func (t *telemetry) observe(ctx context.Context, store Store) error {
 	})
 }
 
-func (t *telemetry) takeBackoff(retryID string) trace.Span {
+func (t *instruments) takeBackoff(retryID string) trace.Span {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	span := t.backoffs[retryID]
@@ -335,7 +341,7 @@ func (t *telemetry) takeBackoff(retryID string) trace.Span {
 }
 
 // endAll ends every open backoff span at shutdown.
-func (t *telemetry) endAll() {
+func (t *instruments) endAll() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for id, span := range t.backoffs {

@@ -140,5 +140,3 @@ func isToken(s string) bool {
 	}
 	return true
 }
-
-func quote(s string) string { return strconv.Quote(s) }

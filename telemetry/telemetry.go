@@ -96,7 +96,9 @@ func Setup(ctx context.Context, version string, getenv func(string) string) (*Te
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("telemetry: span exporter: %w", err), mp.Shutdown(ctx))
 		}
-		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+		tp := sdktrace.NewTracerProvider(
+			sdktrace.WithSpanProcessor(NewDiscardFilter(sdktrace.NewBatchSpanProcessor(exp))),
+			sdktrace.WithResource(res))
 		t.Tracer, t.TracingEnabled = tp, true
 		t.shutdown = append(t.shutdown, tp.Shutdown)
 	}

@@ -50,9 +50,8 @@ type conformanceStep struct {
 }
 
 // conformanceExpect is what a step must answer; only the fields present
-// are checked. Line (the UI line) is the renderer's expectation, which the
-// TypeScript suite checks with renderRetryLine; this suite decodes it and
-// checks the scheduled record it is rendered from.
+// are checked. Line is the UI line RenderRetry renders from the scheduled
+// event (renderRetryLine in the TypeScript client).
 type conformanceExpect struct {
 	Error                *conformanceError     `json:"error"`
 	Decision             string                `json:"decision"`
@@ -283,7 +282,6 @@ func runConformanceVector(t *testing.T, client *retryd.Client, v conformanceVect
 // runConformanceStep plays one step of v; saved holds the retries earlier
 // steps saved by name.
 func runConformanceStep(t *testing.T, client *retryd.Client, v conformanceVector, where string, step conformanceStep, saved map[string]conformanceSaved, lookup func(string, string) conformanceSaved) {
-	t.Helper()
 	exp := step.Expect
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -548,6 +546,9 @@ func conformanceCheckSchedule(t *testing.T, where string, req *retrydv1.FailedSt
 		sc.GetPolicyKey() != s.GetPolicyKey() || !sc.GetDueAt().AsTime().Equal(s.GetDueAt().AsTime()) ||
 		sc.GetTurn() != req.GetTurn() || sc.GetStep() != req.GetStep() || sc.GetProvider() != req.GetProvider() {
 		t.Errorf("%s: scheduled record %v does not match schedule %v of request %v", where, sc, s, req)
+	}
+	if exp.Line != "" && retryd.RenderRetry(sc) != exp.Line {
+		t.Errorf("%s: UI line %q, want %q", where, retryd.RenderRetry(sc), exp.Line)
 	}
 }
 

@@ -24,11 +24,13 @@ import (
 	"testing"
 	"time"
 
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	yamlv3 "go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -181,7 +183,8 @@ type serviceMonitor struct {
 
 // rendered is one helm template output, decoded.
 type rendered struct {
-	deployment     *appsv1.Deployment
+	deployment     *appsv1.Deployment  // the workload with store.kind memory
+	statefulSet    *appsv1.StatefulSet // the workload with store.kind file
 	configMap      *corev1.ConfigMap
 	serviceAccount *corev1.ServiceAccount
 	services       map[string]*corev1.Service
@@ -197,6 +200,8 @@ func newObject(apiVersion, kind string) (any, bool) {
 	switch apiVersion + " " + kind {
 	case "apps/v1 Deployment":
 		return &appsv1.Deployment{}, true
+	case "apps/v1 StatefulSet":
+		return &appsv1.StatefulSet{}, true
 	case "v1 ConfigMap":
 		return &corev1.ConfigMap{}, true
 	case "v1 ServiceAccount":
@@ -289,6 +294,8 @@ func render(t *testing.T, valuesFile string) *rendered {
 		switch o := obj.(type) {
 		case *appsv1.Deployment:
 			setOnce(t, &r.deployment, o)
+		case *appsv1.StatefulSet:
+			setOnce(t, &r.statefulSet, o)
 		case *corev1.ConfigMap:
 			setOnce(t, &r.configMap, o)
 		case *corev1.ServiceAccount:
@@ -306,10 +313,29 @@ func render(t *testing.T, valuesFile string) *rendered {
 		}
 		r.objects = append(r.objects, obj.(metav1.Object))
 	}
-	if r.deployment == nil || r.configMap == nil || r.testPod == nil {
-		t.Fatalf("render of %s lacks the Deployment, ConfigMap or test Pod", valuesFile)
+	if (r.deployment == nil) == (r.statefulSet == nil) || r.configMap == nil || r.testPod == nil {
+		t.Fatalf("render of %s lacks the ConfigMap or test Pod, or has not exactly one workload (Deployment %v, StatefulSet %v)",
+			valuesFile, r.deployment != nil, r.statefulSet != nil)
 	}
 	return r
+}
+
+// workload is what the Deployment and the StatefulSet share.
+type workload struct {
+	kind     string
+	name     string
+	replicas *int32
+	selector *metav1.LabelSelector
+	pod      *corev1.PodTemplateSpec
+}
+
+// workload returns the rendered workload, whichever its kind.
+func (r *rendered) workload() workload {
+	if d := r.deployment; d != nil {
+		return workload{"Deployment", d.Name, d.Spec.Replicas, d.Spec.Selector, &d.Spec.Template}
+	}
+	s := r.statefulSet
+	return workload{"StatefulSet", s.Name, s.Spec.Replicas, s.Spec.Selector, &s.Spec.Template}
 }
 
 func setOnce[T any](t *testing.T, dst **T, v *T) {
@@ -329,10 +355,10 @@ func absPath(t *testing.T, p string) string {
 	return a
 }
 
-// container returns the retryd container of the Deployment.
+// container returns the retryd container of the workload.
 func (r *rendered) container(t *testing.T) corev1.Container {
 	t.Helper()
-	cs := r.deployment.Spec.Template.Spec.Containers
+	cs := r.workload().pod.Spec.Containers
 	if len(cs) != 1 || cs[0].Name != "retryd" {
 		t.Fatalf("containers = %v, want one named retryd", cs)
 	}
@@ -486,12 +512,134 @@ var expectations = map[string]expectation{
 			}
 		},
 	},
+	"file-store.yaml": {
+		flags: defaultFlags(map[string]string{"shutdown-timeout": "5s", "store": "file:/data/retryd"}),
+		port:  7700, metricsPort: 9464, servicePort: 7700, grace: 10,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		extra: func(t *testing.T, r *rendered) {
+			checkFileStore(t, r, fileStore{
+				path: "/data/retryd", size: "5Gi", storageClassName: ptr("fast-ssd"),
+				accessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod},
+			})
+			if r.pdb == nil || r.pdb.Spec.MaxUnavailable == nil || r.pdb.Spec.MaxUnavailable.IntValue() != 1 {
+				t.Errorf("PodDisruptionBudget = %+v, want maxUnavailable 1 (allowed with the file store)", r.pdb)
+			}
+			if r.hpa != nil {
+				t.Errorf("HorizontalPodAutoscaler rendered with the file store")
+			}
+		},
+	},
 	"all-options.yaml": {
 		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
 		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
 		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
 		extra: checkAllOptions,
 	},
+}
+
+// fileStore is what store.file renders.
+type fileStore struct {
+	path             string
+	size             string
+	storageClassName *string // nil: the field is left out
+	accessModes      []corev1.PersistentVolumeAccessMode
+}
+
+// checkFileStore asserts the StatefulSet of store.kind file: its headless
+// Service, its volumeClaimTemplate and the pod's writable mount of it, with
+// the root filesystem still read-only (checkCommon) and an fsGroup that lets
+// the non-root user write the volume.
+func checkFileStore(t *testing.T, r *rendered, want fileStore) {
+	t.Helper()
+	s := r.statefulSet
+	if s == nil {
+		t.Fatal("no StatefulSet")
+	}
+	headless := r.services[s.Name+"-headless"]
+	if s.Spec.ServiceName != s.Name+"-headless" || headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone {
+		t.Errorf("serviceName = %q, headless Service %+v: want the headless Service %s-headless", s.Spec.ServiceName, headless, s.Name)
+	} else if !selects(metav1.LabelSelector{MatchLabels: headless.Spec.Selector}, s.Spec.Template.Labels) {
+		t.Errorf("the headless Service %v does not select the StatefulSet's pods %v", headless.Spec.Selector, s.Spec.Template.Labels)
+	}
+	if s.Spec.UpdateStrategy.Type != appsv1.RollingUpdateStatefulSetStrategyType || s.Spec.PodManagementPolicy != appsv1.OrderedReadyPodManagement {
+		t.Errorf("updateStrategy %+v, podManagementPolicy %q: want RollingUpdate, OrderedReady (never two pods at once)",
+			s.Spec.UpdateStrategy, s.Spec.PodManagementPolicy)
+	}
+
+	if len(s.Spec.VolumeClaimTemplates) != 1 {
+		t.Fatalf("volumeClaimTemplates = %+v, want one", s.Spec.VolumeClaimTemplates)
+	}
+	pvc := s.Spec.VolumeClaimTemplates[0]
+	if pvc.Name != "data" {
+		t.Errorf("volumeClaimTemplate name = %q, want data", pvc.Name)
+	}
+	// The template cannot change after install, so its labels must not
+	// carry the chart version.
+	if !maps.Equal(pvc.Labels, s.Spec.Selector.MatchLabels) {
+		t.Errorf("volumeClaimTemplate labels = %v, want only the selector labels %v", pvc.Labels, s.Spec.Selector.MatchLabels)
+	}
+	if !slices.Equal(pvc.Spec.AccessModes, want.accessModes) {
+		t.Errorf("accessModes = %v, want %v", pvc.Spec.AccessModes, want.accessModes)
+	}
+	if !ptrEqual(pvc.Spec.StorageClassName, want.storageClassName) {
+		t.Errorf("storageClassName = %v (set: %v), want %v (set: %v)",
+			deref(pvc.Spec.StorageClassName), pvc.Spec.StorageClassName != nil, deref(want.storageClassName), want.storageClassName != nil)
+	}
+	if got := pvc.Spec.Resources.Requests.Storage(); got.String() != want.size || len(pvc.Spec.Resources.Requests) != 1 {
+		t.Errorf("requests = %v, want storage %s", pvc.Spec.Resources.Requests, want.size)
+	}
+
+	spec := s.Spec.Template.Spec
+	if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == pvc.Name }) {
+		t.Errorf("a pod volume named %s shadows the volumeClaimTemplate", pvc.Name)
+	}
+	c := r.container(t)
+	var mounts []corev1.VolumeMount
+	for _, m := range c.VolumeMounts {
+		if m.Name == pvc.Name || m.MountPath == want.path {
+			mounts = append(mounts, m)
+		}
+	}
+	if len(mounts) != 1 || mounts[0].Name != pvc.Name || mounts[0].MountPath != want.path || mounts[0].ReadOnly || mounts[0].SubPath != "" {
+		t.Errorf("mounts of %s / at %s = %+v, want %s mounted writable at %s", pvc.Name, want.path, mounts, pvc.Name, want.path)
+	}
+	if flag := serverFlags(t, c.Args)["store"]; flag != "file:"+want.path {
+		t.Errorf("--store=%s, want file:%s", flag, want.path)
+	}
+	if psc := spec.SecurityContext; psc == nil || deref(psc.FSGroup) != 65532 ||
+		deref(psc.FSGroupChangePolicy) != corev1.FSGroupChangeOnRootMismatch {
+		t.Errorf("pod securityContext = %+v, want fsGroup 65532 with fsGroupChangePolicy OnRootMismatch", psc)
+	}
+}
+
+// TestFileStoreStorageClass renders store.kind file with each meaning of
+// storageClassName, and the store.file defaults.
+func TestFileStoreStorageClass(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		value string
+		want  *string
+	}{
+		{"cluster default", `""`, nil},
+		{"no dynamic provisioning", `"-"`, ptr("")},
+		{"named class", `standard`, ptr("standard")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			values := filepath.Join(t.TempDir(), "values.yaml")
+			body := "store:\n  kind: file\n  file:\n    persistence:\n      storageClassName: " + tc.value + "\n"
+			if err := os.WriteFile(values, []byte(body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := render(t, values)
+			checkFileStore(t, r, fileStore{
+				path: "/var/lib/retryd", size: "1Gi", storageClassName: tc.want,
+				accessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			})
+		})
+	}
 }
 
 // checkAllOptions asserts the optional objects of all-options.yaml.
@@ -689,6 +837,9 @@ func TestNotes(t *testing.T) {
 				"grpcurl -plaintext localhost:7700 list",
 				"helm test " + release,
 			}
+			if strings.HasPrefix(expectations[filepath.Base(f)].flags["store"], "file:") {
+				wants = append(wants, "get pvc data-rel-retryd-0")
+			}
 			if port := expectations[filepath.Base(f)].metricsPort; port != 0 {
 				wants = append(wants, fmt.Sprintf(` 9464:%d`, port), "curl -s localhost:9464/metrics")
 			} else {
@@ -762,7 +913,7 @@ func TestTemplate(t *testing.T) {
 				want.extra(t, r)
 			}
 			mu.Lock()
-			checksums[name] = r.deployment.Spec.Template.Annotations["checksum/config"]
+			checksums[name] = r.workload().pod.Annotations["checksum/config"]
 			mu.Unlock()
 		})
 	}
@@ -789,27 +940,36 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		}
 	}
 
-	d := r.deployment
-	if !ptrEqual(d.Spec.Replicas, want.replicas) {
-		t.Errorf("replicas = %v, want %v", deref(d.Spec.Replicas), deref(want.replicas))
+	// The file store runs on a StatefulSet; the in-memory store keeps the
+	// Deployment and renders no --store flag (the server's default).
+	w := r.workload()
+	wantKind := "Deployment"
+	if strings.HasPrefix(want.flags["store"], "file:") {
+		wantKind = "StatefulSet"
 	}
-	selector := d.Spec.Selector.MatchLabels
+	if w.kind != wantKind {
+		t.Errorf("workload is a %s, want a %s for --store=%q", w.kind, wantKind, want.flags["store"])
+	}
+	if !ptrEqual(w.replicas, want.replicas) {
+		t.Errorf("replicas = %v, want %v", deref(w.replicas), deref(want.replicas))
+	}
+	selector := w.selector.MatchLabels
 	if !maps.Equal(selector, map[string]string{
 		"app.kubernetes.io/name": "retryd", "app.kubernetes.io/instance": release, "app.kubernetes.io/component": "server",
 	}) {
-		t.Errorf("Deployment selector = %v", selector)
+		t.Errorf("%s selector = %v", w.kind, selector)
 	}
-	if !selects(*d.Spec.Selector, d.Spec.Template.Labels) {
-		t.Errorf("Deployment selector %v does not match its pod labels %v", selector, d.Spec.Template.Labels)
+	if !selects(*w.selector, w.pod.Labels) {
+		t.Errorf("%s selector %v does not match its pod labels %v", w.kind, selector, w.pod.Labels)
 	}
 
 	// The checksum is the policy file's: the pods roll when it changes.
 	sum := sha256.Sum256([]byte(strings.TrimSuffix(r.policyFile(t), "\n")))
-	if got := d.Spec.Template.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
+	if got := w.pod.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
 		t.Errorf("checksum/config = %q, want sha256 of config.yaml %x", got, sum)
 	}
 
-	spec := d.Spec.Template.Spec
+	spec := w.pod.Spec
 	psc := spec.SecurityContext
 	if psc == nil || !deref(psc.RunAsNonRoot) || deref(psc.RunAsUser) != 65532 || psc.SeccompProfile == nil ||
 		psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
@@ -895,9 +1055,13 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		t.Errorf("no writable /tmp beside the read-only root filesystem")
 	}
 
-	svc := r.services[d.Name]
+	if wantKind == "Deployment" && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "data" }) {
+		t.Errorf("the in-memory store's pod mounts a data volume: %+v", c.VolumeMounts)
+	}
+
+	svc := r.services[w.name]
 	if svc == nil {
-		t.Fatalf("no Service named %s", d.Name)
+		t.Fatalf("no Service named %s", w.name)
 	}
 	checkServicePorts(t, svc, want.servicePort, want.metricsPort)
 	if !maps.Equal(svc.Spec.Selector, selector) {
@@ -1096,11 +1260,13 @@ func TestCheckConfig(t *testing.T) {
 
 // TestServeRenderedArgs starts the real retryd with the rendered container's
 // args and env, changing only the listen and metrics addresses (to free
-// loopback ports) and the config path (to the rendered ConfigMap), and
-// checks that gRPC health answers SERVING, that reflection lists the
-// RetryService, that the helm test pod's command passes, that /metrics
-// serves retryd's metrics when the chart enables it, and that SIGTERM stops
-// it cleanly.
+// loopback ports), the config path (to the rendered ConfigMap) and a file
+// store's directory (to a temporary one), and checks that gRPC health
+// answers SERVING, that reflection lists the RetryService, that the helm
+// test pod's command passes, that /metrics serves retryd's metrics when the
+// chart enables it, and that SIGTERM stops it cleanly. With a file store it
+// then starts retryd again on the same directory and checks that the retry
+// decided by the first process is still there.
 func TestServeRenderedArgs(t *testing.T) {
 	t.Parallel()
 	bins := buildBinaries(t)
@@ -1109,53 +1275,28 @@ func TestServeRenderedArgs(t *testing.T) {
 			t.Parallel()
 			r := render(t, f)
 			c := r.container(t)
-			addr := freeLoopbackAddr(t)
 			config := writePolicyFile(t, r)
-
-			args := slices.Clone(c.Args)
-			rewritten := 0
-			metricsAddr := "" // stays empty when the chart renders no --metrics-listen
-			for i, a := range args {
-				switch {
-				case strings.HasPrefix(a, "--listen="):
-					args[i] = "--listen=" + addr
-					rewritten++
-				case strings.HasPrefix(a, "--config="):
-					args[i] = "--config=" + config
-					rewritten++
-				case strings.HasPrefix(a, "--metrics-listen="):
-					metricsAddr = freeLoopbackAddr(t)
-					args[i] = "--metrics-listen=" + metricsAddr
+			storeDir := "" // stays empty unless the chart renders --store=file:
+			if flag, ok := serverFlags(t, c.Args)["store"]; ok {
+				if !strings.HasPrefix(flag, "file:") {
+					t.Fatalf("--store=%s, want file:DIR (the in-memory store renders no flag)", flag)
 				}
+				storeDir = t.TempDir()
 			}
-			if rewritten != 2 {
-				t.Fatalf("args %q lack --listen= or --config=", c.Args)
+			shutdown, err := time.ParseDuration(serverFlags(t, c.Args)["shutdown-timeout"])
+			if err != nil {
+				t.Fatal(err)
 			}
+			env := append(filterEnv(os.Environ(), "RETRYD_", "OTEL_"), podEnv(t, c.Env)...)
+
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+			defer cancel()
+			args, addr, metricsAddr := localArgs(t, c.Args, config, storeDir)
 			if want, ok := expectations[filepath.Base(f)]; ok && (want.metricsPort != 0) != (metricsAddr != "") {
 				t.Fatalf("args %q: --metrics-listen given %v, want %v (server.metricsPort %d)",
 					c.Args, metricsAddr != "", want.metricsPort != 0, want.metricsPort)
 			}
-
-			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, bins["retryd"], args...)
-			cmd.Env = append(filterEnv(os.Environ(), "RETRYD_", "OTEL_"), podEnv(t, c.Env)...)
-			var logs bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &logs, &logs
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan struct{})
-			var exitErr error
-			go func() { exitErr = cmd.Wait(); close(exited) }()
-			t.Cleanup(func() {
-				select {
-				case <-exited:
-				default:
-					cmd.Process.Kill()
-					<-exited
-				}
-			})
+			p := startRetryd(ctx, t, bins["retryd"], args, env)
 
 			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -1163,8 +1304,8 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 			defer conn.Close()
 			health := healthpb.NewHealthClient(conn)
-			if err := waitServing(ctx, health, exited); err != nil {
-				t.Fatalf("%v\nretryd output:\n%s", err, logs.String())
+			if err := waitServing(ctx, health, p.exited); err != nil {
+				t.Fatalf("%v\nretryd output:\n%s", err, p.logs.String())
 			}
 			resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
 			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -1177,7 +1318,7 @@ func TestServeRenderedArgs(t *testing.T) {
 			if metricsAddr != "" {
 				body, err := getMetrics(ctx, metricsAddr)
 				if err != nil {
-					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, logs.String())
+					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, p.logs.String())
 				} else if !strings.Contains(body, "retryd_sessions") {
 					t.Errorf("/metrics lacks retryd_sessions:\n%s", body)
 				}
@@ -1194,23 +1335,164 @@ func TestServeRenderedArgs(t *testing.T) {
 				t.Errorf("helm test command %q: %v\n%s", testArgs, err, out)
 			}
 
-			shutdown, err := time.ParseDuration(serverFlags(t, c.Args)["shutdown-timeout"])
+			var retryID string // a pending retry the restarted server must still know
+			if storeDir != "" {
+				retryID = scheduleRetry(ctx, t, conn)
+			}
+			p.stop(t, shutdown)
+			if storeDir == "" {
+				return
+			}
+
+			// The pod restarted on its volume: the same directory, new ports.
+			if fi, err := os.Stat(filepath.Join(storeDir, "retryd.db")); err != nil || fi.Size() == 0 {
+				t.Fatalf("the file store left no database in %s: %v", storeDir, err)
+			}
+			args, addr, _ = localArgs(t, c.Args, config, storeDir)
+			p = startRetryd(ctx, t, bins["retryd"], args, env)
+			conn2, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
+			defer conn2.Close()
+			if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p.exited); err != nil {
+				t.Fatalf("restart on %s: %v\nretryd output:\n%s", storeDir, err, p.logs.String())
 			}
-			select {
-			case <-exited:
-				if exitErr != nil {
-					t.Errorf("retryd exited with %v after SIGTERM\n%s", exitErr, logs.String())
-				}
-			case <-time.After(shutdown + 5*time.Second):
-				t.Errorf("retryd still running %v after SIGTERM (shutdown timeout %v)\n%s", shutdown+5*time.Second, shutdown, logs.String())
+			chains, err := retrydv1.NewRetryServiceClient(conn2).GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: durabilitySession})
+			if err != nil {
+				t.Errorf("GetChains after the restart: %v", err)
+			} else if len(chains.GetChains()) != 1 || chains.GetChains()[0].GetLatest().GetRetryId() != retryID {
+				t.Errorf("after the restart the session's chains are %v, want one whose latest retry is %s", chains.GetChains(), retryID)
 			}
+			p.stop(t, shutdown)
 		})
 	}
+}
+
+// durabilitySession is the session whose retry must survive a restart of a
+// file store.
+const durabilitySession = "chart-durability"
+
+// scheduleRetry reports a failed step that schedules a retry due long after
+// the test, and returns the retry's id.
+func scheduleRetry(ctx context.Context, t *testing.T, conn *grpc.ClientConn) string {
+	t.Helper()
+	resp, err := retrydv1.NewRetryServiceClient(conn).FailedStep(ctx, &retrydv1.FailedStepRequest{
+		SessionId: durabilitySession, Turn: 1, Step: 1, Provider: "p",
+		Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429},
+		PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{
+			MaxRetries: proto.Uint32(3),
+			Backoff:    &retrydv1.Backoff{InitialDelayMs: proto.Uint64(600_000), MaxDelayMs: proto.Uint64(600_000)},
+		}},
+	})
+	if err != nil {
+		t.Fatalf("FailedStep: %v", err)
+	}
+	id := resp.GetDecision().GetSchedule().GetRetryId()
+	if id == "" {
+		t.Fatalf("FailedStep = %v, want a scheduled retry", resp.GetDecision())
+	}
+	return id
+}
+
+// localArgs rewrites the rendered serve args for a run on this machine:
+// --listen and --metrics-listen (if given) to free loopback ports, --config
+// to the rendered policy file, and --store=file: to storeDir. It returns the
+// args and the two addresses; metricsAddr is empty without --metrics-listen.
+func localArgs(t *testing.T, rendered []string, config, storeDir string) (args []string, addr, metricsAddr string) {
+	t.Helper()
+	args = slices.Clone(rendered)
+	addr = freeLoopbackAddr(t)
+	rewritten, stores := 0, 0
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--listen="):
+			args[i] = "--listen=" + addr
+			rewritten++
+		case strings.HasPrefix(a, "--config="):
+			args[i] = "--config=" + config
+			rewritten++
+		case strings.HasPrefix(a, "--metrics-listen="):
+			metricsAddr = freeLoopbackAddr(t)
+			args[i] = "--metrics-listen=" + metricsAddr
+		case strings.HasPrefix(a, "--store=file:"):
+			args[i] = "--store=file:" + storeDir
+			stores++
+		}
+	}
+	if rewritten != 2 {
+		t.Fatalf("args %q lack --listen= or --config=", rendered)
+	}
+	if want := min(len(storeDir), 1); stores != want {
+		t.Fatalf("args %q: %d --store=file: flags, want %d", rendered, stores, want)
+	}
+	return args, addr, metricsAddr
+}
+
+// process is a retryd started by startRetryd.
+type process struct {
+	cmd     *exec.Cmd
+	logs    *lockedBuffer
+	exited  chan struct{}
+	exitErr error // set before exited is closed
+}
+
+// startRetryd starts retryd with args and env; a cleanup kills it if the
+// test did not stop it.
+func startRetryd(ctx context.Context, t *testing.T, bin string, args, env []string) *process {
+	t.Helper()
+	p := &process{cmd: exec.CommandContext(ctx, bin, args...), logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exitErr = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and expects a clean exit within the shutdown timeout
+// and 5 seconds.
+func (p *process) stop(t *testing.T, shutdown time.Duration) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		if p.exitErr != nil {
+			t.Errorf("retryd exited with %v after SIGTERM\n%s", p.exitErr, p.logs.String())
+		}
+	case <-time.After(shutdown + 5*time.Second):
+		t.Errorf("retryd still running %v after SIGTERM (shutdown timeout %v)\n%s", shutdown+5*time.Second, shutdown, p.logs.String())
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the process's output copier and
+// the test to use at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // getMetrics fetches http://addr/metrics and returns the body of a 200

@@ -103,12 +103,49 @@ carries /usr/local/bin/retryd-healthcheck.
 {{- end }}
 
 {{/*
-Kind of the workload for the store: a Deployment for the in-memory store. A
-store that keeps state on a volume (kind file) will use a StatefulSet with a
-volumeClaimTemplate built from the same pod template (retryd.podTemplate).
+Kind of the workload for the store: a Deployment for the in-memory store, a
+StatefulSet with a volumeClaimTemplate for the file store, both built from
+the same pod template (retryd.podTemplate).
 */}}
 {{- define "retryd.workloadKind" -}}
 {{- if eq .Values.store.kind "file" }}StatefulSet{{ else }}Deployment{{ end }}
+{{- end }}
+
+{{/*
+Whether the headless Service is rendered: when asked for, and always for the
+file store, whose StatefulSet names it as its serviceName.
+*/}}
+{{- define "retryd.headlessServiceEnabled" -}}
+{{- if or .Values.headlessService.enabled (eq .Values.store.kind "file") }}true{{ end }}
+{{- end }}
+
+{{/*
+Name of the file store's volume: the volumeClaimTemplate, its mount, and
+the prefix of the claims (<name>-<statefulset>-<ordinal>).
+*/}}
+{{- define "retryd.dataVolumeName" -}}
+data
+{{- end }}
+
+{{/*
+Pod securityContext: podSecurityContext, plus for the file store fsGroup
+65532 (so the image's non-root user can write the volume) and
+fsGroupChangePolicy OnRootMismatch (so the kubelet does not re-chown the
+whole volume on every start), each unless set.
+*/}}
+{{- define "retryd.podSecurityContext" -}}
+{{- $psc := deepCopy (default dict .Values.podSecurityContext) }}
+{{- if eq .Values.store.kind "file" }}
+{{- if not (hasKey $psc "fsGroup") }}
+{{- $_ := set $psc "fsGroup" 65532 }}
+{{- end }}
+{{- if not (hasKey $psc "fsGroupChangePolicy") }}
+{{- $_ := set $psc "fsGroupChangePolicy" "OnRootMismatch" }}
+{{- end }}
+{{- end }}
+{{- with $psc }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -158,9 +195,21 @@ them. Included by every workload template; renders nothing.
 */}}
 {{- define "retryd.validate" -}}
 {{- $kind := .Values.store.kind }}
+{{- if eq $kind "file" }}
+{{- if .Values.autoscaling.enabled }}
+{{- fail "autoscaling.enabled must be false with store.kind \"file\": one pod owns the store's volume, so there is nothing to scale; set the replica count with replicaCount (0 or 1)" }}
+{{- end }}
+{{- $path := clean .Values.store.file.path }}
+{{- range $reserved := list "/tmp" "/etc/retryd" }}
+{{- if or (eq $path $reserved) (hasPrefix (printf "%s/" $reserved) $path) }}
+{{- fail (printf "store.file.path %q must not be %s or inside it: the chart mounts a volume of its own there" $.Values.store.file.path $reserved) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if has $kind (list "memory" "file") }}
 {{- if gt (int .Values.replicaCount) 1 }}
-{{- fail (printf "replicaCount is %d but store.kind %q keeps retry chains in one pod: use replicaCount 1" (int .Values.replicaCount) $kind) }}
+{{- $where := get (dict "memory" "in one pod" "file" "on one pod's volume (each further pod would get a volume, and chains, of its own)") $kind }}
+{{- fail (printf "replicaCount is %d but store.kind %q keeps retry chains %s: use replicaCount 1" (int .Values.replicaCount) $kind $where) }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.maxReplicas) 1) }}
 {{- fail (printf "autoscaling.maxReplicas is %d but store.kind %q keeps retry chains in one pod: use maxReplicas 1" (int .Values.autoscaling.maxReplicas) $kind) }}

@@ -27,9 +27,9 @@ spec:
   {{- with .Values.priorityClassName }}
   priorityClassName: {{ . }}
   {{- end }}
-  {{- with .Values.podSecurityContext }}
+  {{- with include "retryd.podSecurityContext" . }}
   securityContext:
-    {{- toYaml . | nindent 4 }}
+    {{- . | nindent 4 }}
   {{- end }}
   containers:
     - name: retryd
@@ -47,6 +47,9 @@ spec:
         - --event-log-size={{ int64 .Values.server.eventLogSize }}
         {{- if .Values.server.metricsPort }}
         - --metrics-listen=0.0.0.0:{{ .Values.server.metricsPort }}
+        {{- end }}
+        {{- if eq .Values.store.kind "file" }}
+        - --store=file:{{ .Values.store.file.path }}
         {{- end }}
       {{- if or .Values.otel.enabled .Values.extraEnv }}
       env:
@@ -141,6 +144,10 @@ spec:
           readOnly: true
         - name: tmp
           mountPath: /tmp
+        {{- if eq .Values.store.kind "file" }}
+        - name: {{ include "retryd.dataVolumeName" . }}
+          mountPath: {{ .Values.store.file.path }}
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}

@@ -47,7 +47,54 @@ type Config struct {
 	// "file:DIR", durable in DIR on this node (flag --store, env
 	// RETRYD_STORE).
 	Store string
+
+	// TLSCert and TLSKey are the PEM certificate chain and private key of
+	// the gRPC port; both or neither. Set, the port speaks only TLS
+	// (1.2 or later) (flags --tls-cert, --tls-key, env RETRYD_TLS_CERT,
+	// RETRYD_TLS_KEY).
+	TLSCert string
+	TLSKey  string
+	// TLSClientCA is a PEM bundle of the CAs that sign client
+	// certificates; set, every client must present one (mTLS) (flag
+	// --tls-client-ca, env RETRYD_TLS_CLIENT_CA).
+	TLSClientCA string
+	// TLSReloadInterval is how often the TLS files are checked for a
+	// rotation (flag --tls-reload-interval, env RETRYD_TLS_RELOAD_INTERVAL).
+	TLSReloadInterval time.Duration
+	// HealthListen is a plaintext gRPC address serving only grpc.health.v1,
+	// for probes when the main port is TLS; empty turns it off (flag
+	// --health-listen, env RETRYD_HEALTH_LISTEN).
+	HealthListen string
+	// MaxRecvMsgBytes bounds one received message (flag
+	// --max-recv-msg-bytes, env RETRYD_MAX_RECV_MSG_BYTES).
+	MaxRecvMsgBytes int
+	// MaxConcurrentStreams bounds the concurrent calls of one connection
+	// (flag --max-concurrent-streams, env RETRYD_MAX_CONCURRENT_STREAMS).
+	MaxConcurrentStreams int
+	// KeepaliveMinTime is the shortest interval between a client's pings;
+	// a client pinging faster is disconnected (flag --keepalive-min-time,
+	// env RETRYD_KEEPALIVE_MIN_TIME).
+	KeepaliveMinTime time.Duration
+	// MaxConnectionIdle closes a connection without calls for this long; 0:
+	// never (flag --max-connection-idle, env RETRYD_MAX_CONNECTION_IDLE).
+	MaxConnectionIdle time.Duration
+	// MaxConnectionAge asks a connection to go away after this long; 0:
+	// never (flag --max-connection-age, env RETRYD_MAX_CONNECTION_AGE).
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long the calls of an aged connection may
+	// still run before it is closed; 0: unbounded (flag
+	// --max-connection-age-grace, env RETRYD_MAX_CONNECTION_AGE_GRACE).
+	MaxConnectionAgeGrace time.Duration
+	// UnaryTimeout bounds the context of every unary call; streams are not
+	// bounded (flag --unary-timeout, env RETRYD_UNARY_TIMEOUT).
+	UnaryTimeout time.Duration
 }
+
+// TLSEnabled reports whether the gRPC port speaks TLS.
+func (c *Config) TLSEnabled() bool { return c.TLSCert != "" }
+
+// MTLSEnabled reports whether the gRPC port requires client certificates.
+func (c *Config) MTLSEnabled() bool { return c.TLSEnabled() && c.TLSClientCA != "" }
 
 // StoreMemory and StoreFilePrefix are the values of Config.Store.
 const (
@@ -75,6 +122,15 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		LogFormat:       "text",
 		Store:           StoreMemory,
+
+		TLSReloadInterval:     5 * time.Second,
+		MaxRecvMsgBytes:       1 << 20,
+		MaxConcurrentStreams:  1000,
+		KeepaliveMinTime:      10 * time.Second,
+		MaxConnectionIdle:     5 * time.Minute,
+		MaxConnectionAge:      30 * time.Minute,
+		MaxConnectionAgeGrace: 30 * time.Second,
+		UnaryTimeout:          10 * time.Second,
 	}
 }
 
@@ -92,6 +148,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
 	fs.StringVar(&c.Store, "store", c.Store, "memory, or file:DIR for state that survives restarts (env RETRYD_STORE)")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain of the gRPC port; with --tls-key turns TLS on (env RETRYD_TLS_CERT)")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert (env RETRYD_TLS_KEY)")
+	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "PEM CA bundle; set: require and verify client certificates (mTLS) (env RETRYD_TLS_CLIENT_CA)")
+	fs.DurationVar(&c.TLSReloadInterval, "tls-reload-interval", c.TLSReloadInterval, "how often the TLS files are checked for a rotation (env RETRYD_TLS_RELOAD_INTERVAL)")
+	fs.StringVar(&c.HealthListen, "health-listen", c.HealthListen, "plaintext gRPC address serving only grpc.health.v1; empty: off (env RETRYD_HEALTH_LISTEN)")
+	fs.IntVar(&c.MaxRecvMsgBytes, "max-recv-msg-bytes", c.MaxRecvMsgBytes, "largest message a call may send; larger: RESOURCE_EXHAUSTED (env RETRYD_MAX_RECV_MSG_BYTES)")
+	fs.IntVar(&c.MaxConcurrentStreams, "max-concurrent-streams", c.MaxConcurrentStreams, "concurrent calls per connection (env RETRYD_MAX_CONCURRENT_STREAMS)")
+	fs.DurationVar(&c.KeepaliveMinTime, "keepalive-min-time", c.KeepaliveMinTime, "shortest interval between client pings; faster clients are disconnected (env RETRYD_KEEPALIVE_MIN_TIME)")
+	fs.DurationVar(&c.MaxConnectionIdle, "max-connection-idle", c.MaxConnectionIdle, "close a connection without calls after this; 0: never (env RETRYD_MAX_CONNECTION_IDLE)")
+	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "ask a connection to go away after this; 0: never (env RETRYD_MAX_CONNECTION_AGE)")
+	fs.DurationVar(&c.MaxConnectionAgeGrace, "max-connection-age-grace", c.MaxConnectionAgeGrace, "calls of an aged connection may run this long; 0: unbounded (env RETRYD_MAX_CONNECTION_AGE_GRACE)")
+	fs.DurationVar(&c.UnaryTimeout, "unary-timeout", c.UnaryTimeout, "bound on every unary call; streams are not bounded (env RETRYD_UNARY_TIMEOUT)")
 }
 
 // EnvNames maps each flag to its environment variable.
@@ -106,6 +174,19 @@ var EnvNames = map[string]string{
 	"log-format":       "RETRYD_LOG_FORMAT",
 	"metrics-listen":   "RETRYD_METRICS_LISTEN",
 	"store":            "RETRYD_STORE",
+
+	"tls-cert":                 "RETRYD_TLS_CERT",
+	"tls-key":                  "RETRYD_TLS_KEY",
+	"tls-client-ca":            "RETRYD_TLS_CLIENT_CA",
+	"tls-reload-interval":      "RETRYD_TLS_RELOAD_INTERVAL",
+	"health-listen":            "RETRYD_HEALTH_LISTEN",
+	"max-recv-msg-bytes":       "RETRYD_MAX_RECV_MSG_BYTES",
+	"max-concurrent-streams":   "RETRYD_MAX_CONCURRENT_STREAMS",
+	"keepalive-min-time":       "RETRYD_KEEPALIVE_MIN_TIME",
+	"max-connection-idle":      "RETRYD_MAX_CONNECTION_IDLE",
+	"max-connection-age":       "RETRYD_MAX_CONNECTION_AGE",
+	"max-connection-age-grace": "RETRYD_MAX_CONNECTION_AGE_GRACE",
+	"unary-timeout":            "RETRYD_UNARY_TIMEOUT",
 }
 
 // ApplyEnv sets every flag of fs that has an environment variable present
@@ -178,6 +259,7 @@ func (c *Config) Validate() error {
 	case kind != StoreMemory && kind != "file":
 		bad("store", c.Store, "want memory or file:DIR")
 	}
+	c.validateTransport(bad, checkAddr)
 	return errors.Join(errs...)
 }
 
@@ -185,4 +267,59 @@ func (c *Config) level() (slog.Level, error) {
 	var l slog.Level
 	err := l.UnmarshalText([]byte(strings.ToUpper(c.LogLevel)))
 	return l, err
+}
+
+// Bounds of the transport settings.
+const (
+	minRecvMsgBytes      = 1 << 10
+	maxRecvMsgBytes      = 64 << 20
+	maxConcurrentStreams = 1_000_000
+	minTLSReloadInterval = 100 * time.Millisecond
+)
+
+// validateTransport checks the TLS, health-port and limit settings. The
+// TLS files themselves are read (and refused by name) when the server
+// starts.
+func (c *Config) validateTransport(bad func(field, value, reason string), checkAddr func(field, addr string)) {
+	switch {
+	case c.TLSCert != "" && c.TLSKey == "":
+		bad("tls-key", c.TLSKey, "required with --tls-cert "+c.TLSCert)
+	case c.TLSCert == "" && c.TLSKey != "":
+		bad("tls-cert", c.TLSCert, "required with --tls-key "+c.TLSKey)
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		bad("tls-client-ca", c.TLSClientCA, "needs --tls-cert and --tls-key: client certificates are only asked for over TLS")
+	}
+	if c.TLSReloadInterval < minTLSReloadInterval {
+		bad("tls-reload-interval", c.TLSReloadInterval.String(), "must be at least "+minTLSReloadInterval.String())
+	}
+	if c.HealthListen != "" {
+		checkAddr("health-listen", c.HealthListen)
+	}
+	if c.MaxRecvMsgBytes < minRecvMsgBytes || c.MaxRecvMsgBytes > maxRecvMsgBytes {
+		bad("max-recv-msg-bytes", strconv.Itoa(c.MaxRecvMsgBytes),
+			fmt.Sprintf("must be within [%d, %d]", minRecvMsgBytes, maxRecvMsgBytes))
+	}
+	if c.MaxConcurrentStreams < 1 || c.MaxConcurrentStreams > maxConcurrentStreams {
+		bad("max-concurrent-streams", strconv.Itoa(c.MaxConcurrentStreams),
+			fmt.Sprintf("must be within [1, %d]", maxConcurrentStreams))
+	}
+	if c.KeepaliveMinTime <= 0 {
+		bad("keepalive-min-time", c.KeepaliveMinTime.String(), "must be positive")
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{
+		{"max-connection-idle", c.MaxConnectionIdle},
+		{"max-connection-age", c.MaxConnectionAge},
+		{"max-connection-age-grace", c.MaxConnectionAgeGrace},
+	} {
+		if d.v < 0 {
+			bad(d.field, d.v.String(), "must not be negative (0: no limit)")
+		}
+	}
+	if c.UnaryTimeout <= 0 {
+		bad("unary-timeout", c.UnaryTimeout.String(), "must be positive")
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -37,7 +38,8 @@ func NewLogger(c Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// Run serves until ctx is done, then shuts down: health reports NOT_SERVING,
+// Run serves until ctx is done, then shuts down: health reports NOT_SERVING
+// (on the main port and the --health-listen port),
 // every awaiter receives Cancelled (reason shutdown), in-flight calls drain,
 // and the gRPC server stops within ShutdownTimeout. The listeners are bound
 // before Run logs "serving" with their addresses. Tracing and metrics are
@@ -65,6 +67,15 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}()
 
+	// The TLS files load before anything opens: a missing or invalid file
+	// refuses the start, naming its flag.
+	var certs *certSource
+	if c.TLSEnabled() {
+		if certs, err = newCertSource(c, log); err != nil {
+			return err
+		}
+	}
+
 	// The store opens before the listeners: a store that cannot be opened
 	// (unreachable, locked, another schema version) refuses the start.
 	store, err := openStore(c)
@@ -85,6 +96,17 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 			return fmt.Errorf("server: metrics listen: %w", err)
 		}
 	}
+	var healthLis net.Listener
+	if c.HealthListen != "" {
+		if healthLis, err = net.Listen("tcp", c.HealthListen); err != nil {
+			lis.Close()
+			if metricsLis != nil {
+				metricsLis.Close()
+			}
+			store.stop()
+			return fmt.Errorf("server: health listen: %w", err)
+		}
+	}
 
 	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
 		service.WithPolicies(policies), service.WithLogger(log),
@@ -93,14 +115,33 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		store.stop()
 		return err
 	}
-	srv := grpc.NewServer(grpc.StatsHandler(otelgrpc.NewServerHandler(
+	opts := append(limitOptions(c), grpc.StatsHandler(otelgrpc.NewServerHandler(
 		otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter))))
+	if certs != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
+	}
+	srv := grpc.NewServer(opts...)
 	retrydv1.RegisterRetryServiceServer(srv, svc)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
+	// The health port is plaintext and serves only the same health server,
+	// so NOT_SERVING at shutdown shows on both ports.
+	var healthSrv *grpc.Server
+	if healthLis != nil {
+		healthSrv = grpc.NewServer(limitOptions(c)...)
+		healthpb.RegisterHealthServer(healthSrv, hs)
+	}
+	watchCtx, stopWatching := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if certs != nil {
+			certs.watch(watchCtx, c.TLSReloadInterval)
+		}
+	}()
 
 	observeCtx, stopObserving := context.WithCancel(context.Background())
 	observed := make(chan struct{})
@@ -111,8 +152,15 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}()
 
-	serveErr := make(chan error, 2)
+	serveErr := make(chan error, 3)
 	go func() { serveErr <- srv.Serve(lis) }()
+	if healthSrv != nil {
+		go func() {
+			if err := healthSrv.Serve(healthLis); err != nil {
+				serveErr <- fmt.Errorf("health: %w", err)
+			}
+		}()
+	}
 	var metricsSrv *http.Server
 	if metricsLis != nil {
 		mux := http.NewServeMux()
@@ -131,6 +179,10 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	}
 	if metricsLis != nil {
 		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
+	}
+	attrs = append(attrs, "tls", c.TLSEnabled(), "mtls", c.MTLSEnabled())
+	if healthLis != nil {
+		attrs = append(attrs, "health_addr", healthLis.Addr().String())
 	}
 	log.Info("serving", attrs...)
 
@@ -157,6 +209,11 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		srv.Stop()
 		<-stopped
 	}
+	if healthSrv != nil {
+		healthSrv.Stop() // probes saw NOT_SERVING through the drain
+	}
+	stopWatching()
+	<-watched
 	stopObserving()
 	<-observed
 	if metricsSrv != nil {

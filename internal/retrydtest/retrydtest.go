@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
@@ -90,10 +92,15 @@ type Server struct {
 	Addr string
 	// MetricsAddr is the /metrics HTTP address, when --metrics-listen was given.
 	MetricsAddr string
-	cmd         *exec.Cmd
-	logs        *syncBuffer
-	done        chan struct{}
-	err         error
+	// HealthAddr is the plaintext health address, when --health-listen was
+	// given.
+	HealthAddr string
+	// TLS and MTLS are the transport the serving line reports.
+	TLS, MTLS bool
+	cmd       *exec.Cmd
+	logs      *syncBuffer
+	done      chan struct{}
+	err       error
 }
 
 // Start runs retryd serve with args on a free loopback port and waits until
@@ -119,21 +126,17 @@ func StartWithEnv(t testing.TB, env []string, args ...string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addr := make(chan [2]string, 1)
+	serving := make(chan servingLine, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
 			line := sc.Bytes()
 			s.logs.write(append(line, '\n'))
-			var rec struct {
-				Msg         string `json:"msg"`
-				Addr        string `json:"addr"`
-				MetricsAddr string `json:"metrics_addr"`
-			}
+			var rec servingLine
 			if json.Unmarshal(line, &rec) == nil && rec.Msg == "serving" {
 				select {
-				case addr <- [2]string{rec.Addr, rec.MetricsAddr}:
+				case serving <- rec:
 				default:
 				}
 			}
@@ -145,14 +148,25 @@ func StartWithEnv(t testing.TB, env []string, args ...string) *Server {
 	}()
 	t.Cleanup(func() { s.Stop(t) })
 	select {
-	case a := <-addr:
-		s.Addr, s.MetricsAddr = a[0], a[1]
+	case rec := <-serving:
+		s.Addr, s.MetricsAddr, s.HealthAddr = rec.Addr, rec.MetricsAddr, rec.HealthAddr
+		s.TLS, s.MTLS = rec.TLS, rec.MTLS
 	case <-s.done:
 		t.Fatalf("retryd exited before serving: %v\n%s", s.err, s.logs.String())
 	case <-time.After(30 * time.Second):
 		t.Fatalf("retryd did not serve within 30s\n%s", s.logs.String())
 	}
 	return s
+}
+
+// servingLine is the JSON "serving" log line.
+type servingLine struct {
+	Msg         string `json:"msg"`
+	Addr        string `json:"addr"`
+	MetricsAddr string `json:"metrics_addr"`
+	HealthAddr  string `json:"health_addr"`
+	TLS         bool   `json:"tls"`
+	MTLS        bool   `json:"mtls"`
 }
 
 // Logs returns what the server logged so far.
@@ -191,10 +205,34 @@ func (s *Server) Stop(t testing.TB) {
 	}
 }
 
-// Conn dials the server; the connection closes at cleanup.
+// Conn dials the server in plaintext; the connection closes at cleanup.
 func (s *Server) Conn(t testing.TB) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return Dial(t, s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// ConnTLS dials the server over TLS with cfg (its RootCAs, and for mTLS
+// its Certificates); the connection closes at cleanup.
+func (s *Server) ConnTLS(t testing.TB, cfg *tls.Config) *grpc.ClientConn {
+	t.Helper()
+	return Dial(t, s.Addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+}
+
+// HealthConn dials the plaintext health port (--health-listen); the
+// connection closes at cleanup.
+func (s *Server) HealthConn(t testing.TB) *grpc.ClientConn {
+	t.Helper()
+	if s.HealthAddr == "" {
+		t.Fatal("retrydtest: the server has no health port (start it with --health-listen)")
+	}
+	return Dial(t, s.HealthAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// Dial creates a client connection to addr with opts; it closes at
+// cleanup.
+func Dial(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,249 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+// limitOptions are the explicit limits every gRPC server of retryd (the
+// main port and the health port) runs with.
+func limitOptions(c Config) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(c.MaxRecvMsgBytes),
+		grpc.MaxConcurrentStreams(uint32(c.MaxConcurrentStreams)),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             c.KeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     c.MaxConnectionIdle,
+			MaxConnectionAge:      c.MaxConnectionAge,
+			MaxConnectionAgeGrace: c.MaxConnectionAgeGrace,
+		}),
+		grpc.ChainUnaryInterceptor(unaryTimeout(c.UnaryTimeout)),
+	}
+}
+
+// unaryTimeout bounds the context of every unary call by d (a caller's
+// shorter deadline still wins). A handler that gives up with the bare
+// context error is answered DEADLINE_EXCEEDED.
+func unaryTimeout(d time.Duration) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		bounded, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		resp, err := handler(bounded, req)
+		if err == nil {
+			return resp, nil
+		}
+		if _, ok := status.FromError(err); !ok && errors.Is(err, context.DeadlineExceeded) {
+			if ctx.Err() == nil {
+				return nil, status.Errorf(codes.DeadlineExceeded, "call exceeded the server's unary timeout of %v", d)
+			}
+			return nil, status.Error(codes.DeadlineExceeded, "deadline exceeded")
+		}
+		return resp, err
+	}
+}
+
+// certSource serves the TLS certificate (and the client CA pool, for
+// mTLS) read from PEM files, and reloads them when the files change: a
+// rotation takes effect for new connections without a restart, and a
+// rotation that does not load (half-written, mismatched, invalid) is
+// logged while the last good pair keeps serving.
+type certSource struct {
+	certFile, keyFile, caFile string
+	log                       *slog.Logger
+
+	current atomic.Pointer[tls.Config] // what new handshakes use
+
+	mu        sync.Mutex // serialises reloads
+	lastTried [sha256.Size]byte
+}
+
+// newCertSource loads the files once; an unreadable or invalid file
+// refuses the start with a FieldError naming its flag and path.
+func newCertSource(c Config, log *slog.Logger) (*certSource, error) {
+	s := &certSource{certFile: c.TLSCert, keyFile: c.TLSKey, caFile: c.TLSClientCA, log: log}
+	files, err := s.read()
+	if err != nil {
+		return nil, err
+	}
+	cfg, leaf, err := s.build(files)
+	if err != nil {
+		return nil, err
+	}
+	s.current.Store(cfg)
+	s.lastTried = files.sum()
+	log.Info("tls certificate loaded", certAttrs(s.certFile, leaf)...)
+	return s, nil
+}
+
+// serverConfig is the tls.Config of the gRPC port: each handshake takes
+// the currently loaded certificate and client CAs.
+func (s *certSource) serverConfig() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			return s.current.Load(), nil
+		},
+	}
+}
+
+// watch reloads the files every interval until ctx is done.
+func (s *certSource) watch(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.reload()
+		}
+	}
+}
+
+// reload loads the files if their contents changed since the last
+// attempt. It reports whether a new certificate now serves.
+func (s *certSource) reload() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	files, err := s.read()
+	if err != nil {
+		// A file being replaced may be missing for a moment; say so once
+		// per distinct problem.
+		sum := sha256.Sum256([]byte(err.Error()))
+		if sum != s.lastTried {
+			s.lastTried = sum
+			s.log.Warn("tls reload failed; serving the previous certificate", "err", err)
+		}
+		return false
+	}
+	sum := files.sum()
+	if sum == s.lastTried {
+		return false
+	}
+	s.lastTried = sum
+	cfg, leaf, err := s.build(files)
+	if err != nil {
+		s.log.Warn("tls reload failed; serving the previous certificate", "err", err)
+		return false
+	}
+	s.current.Store(cfg)
+	s.log.Info("tls certificate reloaded", certAttrs(s.certFile, leaf)...)
+	return true
+}
+
+// pemFiles are the contents of the TLS files.
+type pemFiles struct{ cert, key, ca []byte }
+
+func (f pemFiles) sum() [sha256.Size]byte {
+	h := sha256.New()
+	for _, b := range [][]byte{f.cert, f.key, f.ca} {
+		fmt.Fprintf(h, "%d:", len(b))
+		h.Write(b)
+	}
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
+}
+
+func (s *certSource) read() (pemFiles, error) {
+	var f pemFiles
+	var errs []error
+	readInto := func(field, path string, dst *[]byte) {
+		if path == "" {
+			return
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			reason := err.Error()
+			if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+				reason = pe.Err.Error()
+			}
+			errs = append(errs, &FieldError{Field: field, Value: path, Reason: "cannot read: " + reason})
+		}
+		*dst = b
+	}
+	readInto("tls-cert", s.certFile, &f.cert)
+	readInto("tls-key", s.keyFile, &f.key)
+	readInto("tls-client-ca", s.caFile, &f.ca)
+	return f, errors.Join(errs...)
+}
+
+// build parses the files into the tls.Config of a handshake and returns
+// the leaf certificate.
+func (s *certSource) build(f pemFiles) (*tls.Config, *x509.Certificate, error) {
+	leaf, err := parseCertificates(f.cert)
+	if err != nil {
+		return nil, nil, &FieldError{Field: "tls-cert", Value: s.certFile, Reason: err.Error()}
+	}
+	pair, err := tls.X509KeyPair(f.cert, f.key)
+	if err != nil {
+		return nil, nil, &FieldError{Field: "tls-key", Value: s.keyFile,
+			Reason: fmt.Sprintf("does not load with --tls-cert %s: %v", s.certFile, err)}
+	}
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{pair},
+		NextProtos:   []string{"h2"},
+	}
+	if s.caFile != "" {
+		if _, err := parseCertificates(f.ca); err != nil {
+			return nil, nil, &FieldError{Field: "tls-client-ca", Value: s.caFile, Reason: err.Error()}
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(f.ca)
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, leaf, nil
+}
+
+// parseCertificates parses every CERTIFICATE block of a PEM file and
+// returns the first; a file without one is an error.
+func parseCertificates(b []byte) (*x509.Certificate, error) {
+	var first *x509.Certificate
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parsing a certificate: %w", err)
+		}
+		if first == nil {
+			first = c
+		}
+	}
+	if first == nil {
+		return nil, errors.New("no PEM CERTIFICATE block")
+	}
+	return first, nil
+}
+
+func certAttrs(file string, leaf *x509.Certificate) []any {
+	return []any{"file", file, "subject", leaf.Subject.String(), "serial", leaf.SerialNumber.String(),
+		"not_after", leaf.NotAfter.UTC().Format(time.RFC3339)}
+}

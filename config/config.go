@@ -120,7 +120,8 @@ type provider struct {
 // Parse validates a policy file's YAML (or JSON) content. Unknown keys are
 // errors, so a typo never silently falls back to a default.
 func Parse(data []byte) (*Policies, error) {
-	js, err := yaml.YAMLToJSON(data)
+	// Strict: a key given twice is an error, not a silent override.
+	js, err := yaml.YAMLToJSONStrict(data)
 	if err != nil {
 		return nil, fmt.Errorf("config: not valid YAML: %w", err)
 	}

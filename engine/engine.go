@@ -282,13 +282,15 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 			used = chain.Retries
 			out.PreviousAttempts = slices.Clone(chain.attempts)
 		}
+		deadline, hasDeadline := deadlineOf(req)
 		d := p.Decide(policy.Attempt{
-			Retries:    used,
-			Code:       req.GetFailure().GetCode(),
-			RetryAfter: f.RetryAfter,
-			Downstream: phase,
-			Replay:     req.GetReplay(),
-			Deadline:   deadlineOf(req),
+			Retries:     used,
+			Code:        req.GetFailure().GetCode(),
+			RetryAfter:  f.RetryAfter,
+			Downstream:  phase,
+			Replay:      req.GetReplay(),
+			Deadline:    deadline,
+			HasDeadline: hasDeadline,
 		}, env.Now, env.Rand)
 		if p.Mode == retrydv1.Mode_MODE_ALWAYS {
 			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
@@ -346,11 +348,11 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 	return out, nil
 }
 
-func deadlineOf(req *retrydv1.FailedStepRequest) time.Time {
+func deadlineOf(req *retrydv1.FailedStepRequest) (time.Time, bool) {
 	if req.GetDeadline() == nil {
-		return time.Time{}
+		return time.Time{}, false
 	}
-	return req.GetDeadline().AsTime()
+	return req.GetDeadline().AsTime(), true
 }
 
 func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d policy.Decision) (*retrydv1.Decision, *retrydv1.Event) {

@@ -28,8 +28,11 @@ type Attempt struct {
 	Downstream retrydv1.Downstream
 	// Replay says whether re-sending the request is acceptable.
 	Replay retrydv1.Replay
-	// Deadline is the logical operation's deadline; zero means none.
-	Deadline time.Time
+	// Deadline is the logical operation's deadline, when HasDeadline.
+	// (A flag, not the zero time: the zero time is a valid, long-past
+	// deadline.)
+	Deadline    time.Time
+	HasDeadline bool
 }
 
 // Decision is the outcome of Decide: Schedule, or delegate with a Reason.
@@ -107,7 +110,7 @@ func (p *Policy) Decide(a Attempt, now time.Time, rng Rand) Decision {
 				"provider asked for %s, over the policy's cap of %d ms", ra, p.DelayCapMs())
 		}
 	}
-	if !a.Deadline.IsZero() {
+	if a.HasDeadline {
 		need := time.Duration(d.DelayMs+p.MinAttemptMs) * time.Millisecond
 		if left := a.Deadline.Sub(now); left < need {
 			return delegate(retrydv1.DelegateReason_DELEGATE_REASON_DEADLINE,

@@ -171,11 +171,15 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, erro
 			v.policy("policy", err)
 		}
 	case *retrydv1.FailedStepRequest_PolicyName:
-		if src.PolicyName == "" {
+		named, known := s.policies.Named(src.PolicyName)
+		switch {
+		case src.PolicyName == "":
 			v.add("policy_name", "must not be empty when set")
-		} else if named, ok := s.policies.Named(src.PolicyName); ok {
+		case !v.label("policy_name", src.PolicyName, true):
+			// Bounded and printable before it is quoted back.
+		case known:
 			p = named
-		} else {
+		default:
 			v.add("policy_name", "no policy named "+strconv.Quote(src.PolicyName)+" is configured on this server")
 		}
 	default:

@@ -59,17 +59,21 @@ func (v *validator) sessionID(field, id string) {
 }
 
 // label checks an identifier-like string: valid UTF-8, no control
-// characters, bounded length.
-func (v *validator) label(field, s string, required bool) {
+// characters, bounded length. It reports whether s passed.
+func (v *validator) label(field, s string, required bool) bool {
 	switch {
 	case s == "" && !required:
 	case len(s) > MaxLabelLen:
 		v.add(field, fmt.Sprintf("must be at most %d bytes, got %d", MaxLabelLen, len(s)))
+		return false
 	case !utf8.ValidString(s):
 		v.add(field, "must be valid UTF-8")
+		return false
 	case hasControl(s):
 		v.add(field, "must not contain control characters")
+		return false
 	}
+	return true
 }
 
 func (v *validator) retryID(field, id string) {

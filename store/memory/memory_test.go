@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -169,4 +170,49 @@ func BenchmarkFailedStep(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkIdleChainMemory reports the heap a session holds once its
+// retry has started (one open chain, one retained retry, its step record):
+// the steady state of an idle agent session between failures.
+// Run: go test -run '^$' -bench IdleChainMemory ./store/memory/
+func BenchmarkIdleChainMemory(b *testing.B) {
+	const sessions = 20_000
+	p, err := policy.Resolve(&retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
+		InitialDelayMs: proto.Uint64(1), MaxDelayMs: proto.Uint64(1), JitterRatio: proto.Float64(0)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range b.N {
+		s := New(Config{EventLogSize: 1})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range sessions {
+			id := fmt.Sprintf("session-%08d", i)
+			out, err := s.FailedStep(context.Background(), engine.Failure{
+				Request: &retrydv1.FailedStepRequest{SessionId: id, Turn: 1, Step: 1, Provider: "p",
+					Failure: &retrydv1.Failure{Code: "SERVER", Message: "provider said no"}},
+				Policy: p,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := s.lookup(out.Response.GetDecision().GetSchedule().GetRetryId())
+			if err != nil {
+				b.Fatal(err)
+			}
+			sh := s.shardOf(id)
+			sh.mu.Lock()
+			if ev, ok := sh.sessions[id].Start(s.env(), r); ok {
+				s.log.append(ev)
+			}
+			sh.sessions[id].Commit()
+			sh.mu.Unlock()
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/sessions, "bytes/session")
+		s.Close()
+	}
 }

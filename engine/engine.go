@@ -400,7 +400,7 @@ func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) 
 		DelayMs:       d.DelayMs,
 		DelaySource:   d.Source,
 		DueAt:         timestamppb.New(due),
-		Policy:        p.Proto(),
+		Policy:        p.SharedProto(),
 		Traceparent:   f.BackoffTrace,
 	}
 	chain.Retries = d.RetryNumber

@@ -86,6 +86,7 @@ type Policy struct {
 
 	exact    map[string]struct{}
 	prefixes []string
+	shared   *retrydv1.RetryPolicy
 }
 
 // FieldViolation is one invalid field of a request, named by its path
@@ -192,6 +193,7 @@ func Resolve(p *retrydv1.RetryPolicy) (*Policy, error) {
 	}
 	out.index()
 	out.Key = out.canonicalKey()
+	out.shared = out.Proto()
 	return out, nil
 }
 
@@ -387,6 +389,11 @@ func (p *Policy) Proto() *retrydv1.RetryPolicy {
 	}
 	return out
 }
+
+// SharedProto returns one resolved-policy message shared by every caller
+// of this Policy, so that each scheduled record need not carry its own
+// copy. Callers must not modify it; use Proto for a private copy.
+func (p *Policy) SharedProto() *retrydv1.RetryPolicy { return p.shared }
 
 // canonicalKey renders the policy as a human-readable string naming every
 // behaviour-affecting field, with defaults resolved, codes sorted and the

@@ -78,8 +78,18 @@ func reversed[T any](s []T) []T {
 // reflect.DeepEqual.
 func exported(p *Policy) Policy {
 	out := *p
-	out.exact, out.prefixes = nil, nil
+	out.exact, out.prefixes, out.shared = nil, nil, nil
 	return out
+}
+
+func TestSharedProtoEqualsProto(t *testing.T) {
+	t.Parallel()
+	for _, in := range []*retrydv1.RetryPolicy{nil, {Mode: retrydv1.Mode_MODE_ALWAYS}, {Mode: retrydv1.Mode_MODE_SCHEDULE, MaxRetries: u32(3)}} {
+		p := mustResolve(t, in)
+		if !proto.Equal(p.SharedProto(), p.Proto()) || p.SharedProto() != p.SharedProto() {
+			t.Errorf("SharedProto of %v: %v, want one message equal to Proto() %v", in, p.SharedProto(), p.Proto())
+		}
+	}
 }
 
 func TestResolveDefaults(t *testing.T) {

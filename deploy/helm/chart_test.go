@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -25,8 +26,10 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/retrydtest"
 	yamlv3 "go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
@@ -402,6 +405,7 @@ type expectation struct {
 	flags        map[string]string // every --flag of serve except --config
 	port         int32             // server.port
 	metricsPort  int32             // server.metricsPort; 0: no metrics endpoint
+	healthPort   int32             // tls.healthPort with tls.enabled; 0: TLS off, health on port
 	servicePort  int32
 	grace        int64
 	image        string
@@ -420,6 +424,10 @@ func defaultFlags(overrides map[string]string) map[string]string {
 		"listen": "0.0.0.0:7700", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
 		"log-level": "info", "log-format": "text", "event-log-size": "100000",
 		"metrics-listen": "0.0.0.0:9464",
+		// server.limits: the server's defaults.
+		"max-recv-msg-bytes": "1048576", "max-concurrent-streams": "1000", "keepalive-min-time": "10s",
+		"max-connection-idle": "5m", "max-connection-age": "30m", "max-connection-age-grace": "30s",
+		"unary-timeout": "10s",
 	}
 	maps.Copy(f, overrides)
 	return f
@@ -530,12 +538,69 @@ var expectations = map[string]expectation{
 			}
 		},
 	},
+	"tls.yaml": {
+		flags: defaultFlags(map[string]string{
+			"max-recv-msg-bytes": "4194304", "max-concurrent-streams": "200", "keepalive-min-time": "30s",
+			"max-connection-idle": "0s", "max-connection-age": "1h", "max-connection-age-grace": "1m30s", "unary-timeout": "15s",
+			"tls-cert": tlsDir + "/tls.crt", "tls-key": tlsDir + "/tls.key", "tls-client-ca": tlsDir + "/ca.crt",
+			"tls-reload-interval": "2s", "health-listen": "0.0.0.0:7710",
+		}),
+		port: 7700, metricsPort: 9464, healthPort: 7710, servicePort: 7700, grace: 15,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		extra: func(t *testing.T, r *rendered) {
+			checkTLSVolume(t, r, "retryd-tls", "retryd-client-ca")
+		},
+	},
 	"all-options.yaml": {
 		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
 		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
 		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
 		extra: checkAllOptions,
 	},
+}
+
+// tlsDir is where the chart mounts the TLS files.
+const tlsDir = "/etc/retryd-tls"
+
+// checkTLSVolume asserts the TLS files of tls.enabled: one projected volume
+// of tls.crt and tls.key from existingSecret and, unless clientCaSecret is
+// empty, ca.crt from it, mounted read-only at tlsDir (checkCommon checks
+// that the flags point there).
+func checkTLSVolume(t *testing.T, r *rendered, existingSecret, clientCaSecret string) {
+	t.Helper()
+	c := r.container(t)
+	var mounts []corev1.VolumeMount
+	for _, m := range c.VolumeMounts {
+		if m.Name == "tls" || strings.HasPrefix(m.MountPath, tlsDir) {
+			mounts = append(mounts, m)
+		}
+	}
+	if len(mounts) != 1 || mounts[0].Name != "tls" || mounts[0].MountPath != tlsDir || !mounts[0].ReadOnly || mounts[0].SubPath != "" {
+		t.Errorf("TLS mounts = %+v, want the volume tls mounted read-only at %s (no subPath: rotations must reach the pod)", mounts, tlsDir)
+	}
+	i := slices.IndexFunc(r.workload().pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "tls" })
+	if i < 0 || r.workload().pod.Spec.Volumes[i].Projected == nil {
+		t.Fatalf("no projected volume tls: %+v", r.workload().pod.Spec.Volumes)
+	}
+	type file struct{ secret, key, path string }
+	var got []file
+	for _, src := range r.workload().pod.Spec.Volumes[i].Projected.Sources {
+		if src.Secret == nil || deref(src.Secret.Optional) {
+			t.Errorf("projected source %+v, want a required Secret", src)
+			continue
+		}
+		for _, item := range src.Secret.Items {
+			got = append(got, file{src.Secret.Name, item.Key, item.Path})
+		}
+	}
+	want := []file{{existingSecret, "tls.crt", "tls.crt"}, {existingSecret, "tls.key", "tls.key"}}
+	if clientCaSecret != "" {
+		want = append(want, file{clientCaSecret, "ca.crt", "ca.crt"})
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("TLS volume files = %+v, want %+v", got, want)
+	}
 }
 
 // fileStore is what store.file renders.
@@ -683,7 +748,7 @@ func checkAllOptions(t *testing.T, r *rendered) {
 	if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone {
 		t.Fatalf("headless Service = %+v", headless)
 	}
-	checkServicePorts(t, headless, 7700, 9464)
+	checkServicePorts(t, headless, 7700, 9464, 0)
 	if !selects(sm.Spec.Selector, r.services["retryd-all"].Labels) || selects(sm.Spec.Selector, headless.Labels) {
 		t.Errorf("the ServiceMonitor must select the main Service and skip the headless one")
 	}
@@ -834,8 +899,14 @@ func TestNotes(t *testing.T) {
 			}
 			wants := []string{
 				fmt.Sprintf("kubectl --namespace %s port-forward service/", namespace),
-				"grpcurl -plaintext localhost:7700 list",
 				"helm test " + release,
+			}
+			if port := expectations[filepath.Base(f)].healthPort; port != 0 {
+				wants = append(wants,
+					"grpcurl -cacert ca.crt -servername rel-retryd.agents.svc -cert client.crt -key client.key localhost:7700 list",
+					fmt.Sprintf(" 7701:%d", port), "grpcurl -plaintext localhost:7701 grpc.health.v1.Health/Check")
+			} else {
+				wants = append(wants, "grpcurl -plaintext localhost:7700 list")
 			}
 			if strings.HasPrefix(expectations[filepath.Base(f)].flags["store"], "file:") {
 				wants = append(wants, "get pvc data-rel-retryd-0")
@@ -1021,6 +1092,9 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	if want.metricsPort != 0 {
 		wantPorts = append(wantPorts, corev1.ContainerPort{Name: "metrics", ContainerPort: want.metricsPort, Protocol: corev1.ProtocolTCP})
 	}
+	if want.healthPort != 0 {
+		wantPorts = append(wantPorts, corev1.ContainerPort{Name: "health", ContainerPort: want.healthPort, Protocol: corev1.ProtocolTCP})
+	}
 	if !slices.Equal(c.Ports, wantPorts) {
 		t.Errorf("ports = %+v, want %+v", c.Ports, wantPorts)
 	}
@@ -1040,8 +1114,14 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		if kind == "readiness" {
 			wantService = want.readiness
 		}
-		if p.GRPC == nil || p.GRPC.Port != want.port || deref(p.GRPC.Service) != wantService || p.HTTPGet != nil || p.Exec != nil || p.TCPSocket != nil {
-			t.Errorf("%s probe = %+v, want gRPC on %d service %q", kind, p.ProbeHandler, want.port, wantService)
+		// With TLS the kubelet's gRPC probe (plaintext only) asks the
+		// health port.
+		probePort := want.port
+		if want.healthPort != 0 {
+			probePort = want.healthPort
+		}
+		if p.GRPC == nil || p.GRPC.Port != probePort || deref(p.GRPC.Service) != wantService || p.HTTPGet != nil || p.Exec != nil || p.TCPSocket != nil {
+			t.Errorf("%s probe = %+v, want gRPC on %d service %q", kind, p.ProbeHandler, probePort, wantService)
 		}
 	}
 	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
@@ -1055,6 +1135,21 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		t.Errorf("no writable /tmp beside the read-only root filesystem")
 	}
 
+	if _, tlsOn := flags["tls-cert"]; tlsOn != (want.healthPort != 0) {
+		t.Errorf("--tls-cert given: %v, want TLS (and the health port): %v", tlsOn, want.healthPort != 0)
+	} else if tlsOn {
+		for _, name := range []string{"tls-cert", "tls-key", "tls-client-ca"} {
+			if v, ok := flags[name]; ok && !strings.HasPrefix(v, tlsDir+"/") {
+				t.Errorf("--%s=%s, want a file of the TLS volume in %s", name, v, tlsDir)
+			}
+		}
+		if got, wantAddr := flags["health-listen"], fmt.Sprintf("0.0.0.0:%d", want.healthPort); got != wantAddr {
+			t.Errorf("--health-listen = %q, want %s", got, wantAddr)
+		}
+	} else if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "tls" }) {
+		t.Errorf("a tls volume is rendered though TLS is off")
+	}
+
 	if wantKind == "Deployment" && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "data" }) {
 		t.Errorf("the in-memory store's pod mounts a data volume: %+v", c.VolumeMounts)
 	}
@@ -1063,7 +1158,7 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	if svc == nil {
 		t.Fatalf("no Service named %s", w.name)
 	}
-	checkServicePorts(t, svc, want.servicePort, want.metricsPort)
+	checkServicePorts(t, svc, want.servicePort, want.metricsPort, want.healthPort)
 	if !maps.Equal(svc.Spec.Selector, selector) {
 		t.Errorf("Service selector = %v, want %v", svc.Spec.Selector, selector)
 	}
@@ -1077,8 +1172,9 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 
 // checkServicePorts asserts a Service's ports: grpc (to the container port
 // grpc, appProtocol grpc) first, then, unless metricsPort is 0, metrics on
-// metricsPort (to the container port metrics, appProtocol http).
-func checkServicePorts(t *testing.T, svc *corev1.Service, grpcPort, metricsPort int32) {
+// metricsPort (to the container port metrics, appProtocol http), then,
+// unless healthPort is 0, the plaintext health port beside a TLS grpc port.
+func checkServicePorts(t *testing.T, svc *corev1.Service, grpcPort, metricsPort, healthPort int32) {
 	t.Helper()
 	type port struct {
 		Name        string
@@ -1094,6 +1190,9 @@ func checkServicePorts(t *testing.T, svc *corev1.Service, grpcPort, metricsPort 
 	want := []port{{"grpc", grpcPort, "grpc", corev1.ProtocolTCP, "grpc"}}
 	if metricsPort != 0 {
 		want = append(want, port{"metrics", metricsPort, "metrics", corev1.ProtocolTCP, "http"})
+	}
+	if healthPort != 0 {
+		want = append(want, port{"health", healthPort, "health", corev1.ProtocolTCP, "grpc"})
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("Service %s ports = %+v, want %+v", svc.Name, got, want)
@@ -1125,7 +1224,12 @@ func checkTestPod(t *testing.T, r *rendered, svc *corev1.Service, want expectati
 	if !slices.Equal(c.Command, []string{"/usr/local/bin/retryd-healthcheck"}) {
 		t.Errorf("test pod command = %q", c.Command)
 	}
-	wantAddr := fmt.Sprintf("-addr=%s.%s.svc:%d", svc.Name, namespace, want.servicePort)
+	// retryd-healthcheck speaks plaintext: with TLS it asks the health port.
+	testPort := want.servicePort
+	if want.healthPort != 0 {
+		testPort = want.healthPort
+	}
+	wantAddr := fmt.Sprintf("-addr=%s.%s.svc:%d", svc.Name, namespace, testPort)
 	if !slices.Contains(c.Args, wantAddr) || !slices.Contains(c.Args, "-service=") {
 		t.Errorf("test pod args = %q, want %s and -service=", c.Args, wantAddr)
 	}
@@ -1259,12 +1363,16 @@ func TestCheckConfig(t *testing.T) {
 }
 
 // TestServeRenderedArgs starts the real retryd with the rendered container's
-// args and env, changing only the listen and metrics addresses (to free
-// loopback ports), the config path (to the rendered ConfigMap) and a file
-// store's directory (to a temporary one), and checks that gRPC health
-// answers SERVING, that reflection lists the RetryService, that the helm
-// test pod's command passes, that /metrics serves retryd's metrics when the
-// chart enables it, and that SIGTERM stops it cleanly. With a file store it
+// args and env, changing only the listen, metrics and health addresses (to
+// free loopback ports), the config path (to the rendered ConfigMap), a file
+// store's directory (to a temporary one) and the TLS files (to a CA and
+// certificates made for the test), and checks that gRPC health answers
+// SERVING, that reflection lists the RetryService, that the helm test pod's
+// command passes, that /metrics serves retryd's metrics when the chart
+// enables it, and that SIGTERM stops it cleanly. With TLS, health is first
+// asked on the plaintext health port (as the kubelet's probes do), then on
+// the TLS port by a client trusting the CA; a plaintext client (and, with
+// mTLS, one without a certificate) must fail there. With a file store it
 // then starts retryd again on the same directory and checks that the retry
 // decided by the first process is still there.
 func TestServeRenderedArgs(t *testing.T) {
@@ -1275,15 +1383,20 @@ func TestServeRenderedArgs(t *testing.T) {
 			t.Parallel()
 			r := render(t, f)
 			c := r.container(t)
+			flags := serverFlags(t, c.Args)
 			config := writePolicyFile(t, r)
 			storeDir := "" // stays empty unless the chart renders --store=file:
-			if flag, ok := serverFlags(t, c.Args)["store"]; ok {
+			if flag, ok := flags["store"]; ok {
 				if !strings.HasPrefix(flag, "file:") {
 					t.Fatalf("--store=%s, want file:DIR (the in-memory store renders no flag)", flag)
 				}
 				storeDir = t.TempDir()
 			}
-			shutdown, err := time.ParseDuration(serverFlags(t, c.Args)["shutdown-timeout"])
+			var pki *testPKI // nil: the gRPC port is plaintext
+			if _, ok := flags["tls-cert"]; ok {
+				pki = newTestPKI(t, flags)
+			}
+			shutdown, err := time.ParseDuration(flags["shutdown-timeout"])
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1291,32 +1404,63 @@ func TestServeRenderedArgs(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
-			args, addr, metricsAddr := localArgs(t, c.Args, config, storeDir)
-			if want, ok := expectations[filepath.Base(f)]; ok && (want.metricsPort != 0) != (metricsAddr != "") {
+			run := localArgs(t, c.Args, config, storeDir, filesOf(pki))
+			want := expectations[filepath.Base(f)]
+			if (want.metricsPort != 0) != (run.metricsAddr != "") {
 				t.Fatalf("args %q: --metrics-listen given %v, want %v (server.metricsPort %d)",
-					c.Args, metricsAddr != "", want.metricsPort != 0, want.metricsPort)
+					c.Args, run.metricsAddr != "", want.metricsPort != 0, want.metricsPort)
 			}
-			p := startRetryd(ctx, t, bins["retryd"], args, env)
+			if (pki != nil) != (run.healthAddr != "") {
+				t.Fatalf("args %q: --tls-cert given %v but --health-listen given %v: TLS needs the plaintext health port",
+					c.Args, pki != nil, run.healthAddr != "")
+			}
+			p := startRetryd(ctx, t, bins["retryd"], run.args, env)
 
-			conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
+			// The port the probes and the helm test pod ask: the health port
+			// with TLS, the gRPC port without.
+			probeAddr := run.addr
+			if run.healthAddr != "" {
+				probeAddr = run.healthAddr
 			}
-			defer conn.Close()
-			health := healthpb.NewHealthClient(conn)
-			if err := waitServing(ctx, health, p.exited); err != nil {
+			probeHealth := healthpb.NewHealthClient(dial(t, probeAddr, nil))
+			if err := waitServing(ctx, probeHealth, p.exited); err != nil {
 				t.Fatalf("%v\nretryd output:\n%s", err, p.logs.String())
 			}
-			resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
+			resp, err := probeHealth.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
 			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-				t.Errorf("health of %s = %v, %v; want SERVING", retryService, resp.GetStatus(), err)
+				t.Errorf("health of %s on %s = %v, %v; want SERVING", retryService, probeAddr, resp.GetStatus(), err)
+			}
+
+			conn := dial(t, run.addr, pki)
+			health := healthpb.NewHealthClient(conn)
+			resp, err = health.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
+			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("health of %s on the gRPC port (TLS: %v) = %v, %v; want SERVING\nretryd output:\n%s",
+					retryService, pki != nil, resp.GetStatus(), err, p.logs.String())
 			}
 			if services, err := listServices(ctx, conn); err != nil || !slices.Contains(services, retryService) {
 				t.Errorf("reflection lists %v (%v), want %s among them", services, err, retryService)
 			}
+			if pki != nil {
+				refused := map[string]*testPKI{"plaintext": nil}
+				if len(pki.client.Certificates) > 0 {
+					noCert := *pki
+					noCert.client = pki.client.Clone()
+					noCert.client.Certificates = nil
+					refused["TLS without a client certificate"] = &noCert
+				}
+				for what, creds := range refused {
+					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := healthpb.NewHealthClient(dial(t, run.addr, creds)).Check(cctx, &healthpb.HealthCheckRequest{})
+					ccancel()
+					if err == nil {
+						t.Errorf("a %s client reached the TLS gRPC port", what)
+					}
+				}
+			}
 
-			if metricsAddr != "" {
-				body, err := getMetrics(ctx, metricsAddr)
+			if run.metricsAddr != "" {
+				body, err := getMetrics(ctx, run.metricsAddr)
 				if err != nil {
 					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, p.logs.String())
 				} else if !strings.Contains(body, "retryd_sessions") {
@@ -1324,11 +1468,12 @@ func TestServeRenderedArgs(t *testing.T) {
 				}
 			}
 
-			// The helm test pod's command, pointed at this server.
+			// The helm test pod's command (plaintext), pointed at this
+			// server's port of the one it asks (checkTestPod checks which).
 			testArgs := slices.Clone(r.testPod.Spec.Containers[0].Args)
 			for i, a := range testArgs {
 				if strings.HasPrefix(a, "-addr=") {
-					testArgs[i] = "-addr=" + addr
+					testArgs[i] = "-addr=" + probeAddr
 				}
 			}
 			if out, err := exec.CommandContext(ctx, bins["retryd-healthcheck"], testArgs...).CombinedOutput(); err != nil {
@@ -1348,13 +1493,9 @@ func TestServeRenderedArgs(t *testing.T) {
 			if fi, err := os.Stat(filepath.Join(storeDir, "retryd.db")); err != nil || fi.Size() == 0 {
 				t.Fatalf("the file store left no database in %s: %v", storeDir, err)
 			}
-			args, addr, _ = localArgs(t, c.Args, config, storeDir)
-			p = startRetryd(ctx, t, bins["retryd"], args, env)
-			conn2, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn2.Close()
+			run = localArgs(t, c.Args, config, storeDir, filesOf(pki))
+			p = startRetryd(ctx, t, bins["retryd"], run.args, env)
+			conn2 := dial(t, run.addr, pki)
 			if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p.exited); err != nil {
 				t.Fatalf("restart on %s: %v\nretryd output:\n%s", storeDir, err, p.logs.String())
 			}
@@ -1367,6 +1508,14 @@ func TestServeRenderedArgs(t *testing.T) {
 			p.stop(t, shutdown)
 		})
 	}
+}
+
+// filesOf is the TLS files of pki for localArgs; none without TLS.
+func filesOf(pki *testPKI) map[string]string {
+	if pki == nil {
+		return nil
+	}
+	return pki.files
 }
 
 // durabilitySession is the session whose retry must survive a restart of a
@@ -1395,29 +1544,48 @@ func scheduleRetry(ctx context.Context, t *testing.T, conn *grpc.ClientConn) str
 	return id
 }
 
+// localRun is a rendered command line rewritten for this machine.
+type localRun struct {
+	args        []string
+	addr        string // --listen
+	metricsAddr string // --metrics-listen; empty without it
+	healthAddr  string // --health-listen; empty without it
+}
+
 // localArgs rewrites the rendered serve args for a run on this machine:
-// --listen and --metrics-listen (if given) to free loopback ports, --config
-// to the rendered policy file, and --store=file: to storeDir. It returns the
-// args and the two addresses; metricsAddr is empty without --metrics-listen.
-func localArgs(t *testing.T, rendered []string, config, storeDir string) (args []string, addr, metricsAddr string) {
+// --listen, --metrics-listen and --health-listen (if given) to free loopback
+// ports, --config to the rendered policy file, --store=file: to storeDir,
+// and each TLS file flag (--tls-cert, --tls-key, --tls-client-ca) to its
+// file in tlsFiles, keyed by flag name; a TLS flag without a file there
+// fails the test.
+func localArgs(t *testing.T, rendered []string, config, storeDir string, tlsFiles map[string]string) localRun {
 	t.Helper()
-	args = slices.Clone(rendered)
-	addr = freeLoopbackAddr(t)
+	run := localRun{args: slices.Clone(rendered), addr: freeLoopbackAddr(t)}
 	rewritten, stores := 0, 0
-	for i, a := range args {
+	for i, a := range run.args {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
 		switch {
 		case strings.HasPrefix(a, "--listen="):
-			args[i] = "--listen=" + addr
+			run.args[i] = "--listen=" + run.addr
 			rewritten++
 		case strings.HasPrefix(a, "--config="):
-			args[i] = "--config=" + config
+			run.args[i] = "--config=" + config
 			rewritten++
 		case strings.HasPrefix(a, "--metrics-listen="):
-			metricsAddr = freeLoopbackAddr(t)
-			args[i] = "--metrics-listen=" + metricsAddr
+			run.metricsAddr = freeLoopbackAddr(t)
+			run.args[i] = "--metrics-listen=" + run.metricsAddr
+		case strings.HasPrefix(a, "--health-listen="):
+			run.healthAddr = freeLoopbackAddr(t)
+			run.args[i] = "--health-listen=" + run.healthAddr
 		case strings.HasPrefix(a, "--store=file:"):
-			args[i] = "--store=file:" + storeDir
+			run.args[i] = "--store=file:" + storeDir
 			stores++
+		case name == "tls-cert" || name == "tls-key" || name == "tls-client-ca":
+			path, ok := tlsFiles[name]
+			if !ok {
+				t.Fatalf("args %q: no local file for --%s", rendered, name)
+			}
+			run.args[i] = "--" + name + "=" + path
 		}
 	}
 	if rewritten != 2 {
@@ -1426,7 +1594,55 @@ func localArgs(t *testing.T, rendered []string, config, storeDir string) (args [
 	if want := min(len(storeDir), 1); stores != want {
 		t.Fatalf("args %q: %d --store=file: flags, want %d", rendered, stores, want)
 	}
-	return args, addr, metricsAddr
+	return run
+}
+
+// testPKI is the certificates a TLS run uses in place of the chart's
+// Secrets: a CA, a server certificate it signed for 127.0.0.1 (tls.crt and
+// tls.key) and, for mTLS, a client certificate it signed, the same CA
+// standing in for the client CA Secret (ca.crt).
+type testPKI struct {
+	files  map[string]string // flag name → file, for localArgs
+	client *tls.Config       // trusts the CA; with a client certificate for mTLS
+}
+
+// newTestPKI writes the files of the TLS flags present in flags into a
+// temporary directory.
+func newTestPKI(t *testing.T, flags map[string]string) *testPKI {
+	t.Helper()
+	ca := retrydtest.NewCA(t, "retryd chart test CA")
+	server := ca.Server(t, "retryd", 2)
+	dir := t.TempDir()
+	pki := &testPKI{files: map[string]string{}, client: &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}}
+	for name, data := range map[string][]byte{"tls-cert": server.CertPEM, "tls-key": server.KeyPEM, "tls-client-ca": ca.PEM} {
+		if _, ok := flags[name]; !ok {
+			continue
+		}
+		path := filepath.Join(dir, filepath.Base(flags[name]))
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		pki.files[name] = path
+	}
+	if _, ok := flags["tls-client-ca"]; ok {
+		pki.client.Certificates = []tls.Certificate{ca.Client(t, "chart-test-client", 3).TLSCertificate(t)}
+	}
+	return pki
+}
+
+// dial connects to addr, over TLS trusting the test CA when pki is set.
+func dial(t *testing.T, addr string, pki *testPKI) *grpc.ClientConn {
+	t.Helper()
+	creds := insecure.NewCredentials()
+	if pki != nil {
+		creds = credentials.NewTLS(pki.client)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 // process is a retryd started by startRetryd.

@@ -190,6 +190,29 @@ retryd before it drained.
 {{- end }}
 
 {{/*
+Directory of the TLS files (tls.crt, tls.key and, for mTLS, ca.crt) in the
+container: a projected volume of tls.existingSecret and tls.clientCaSecret.
+Not under /etc/retryd, the ConfigMap's read-only mount, which cannot hold
+the mount point of another volume.
+*/}}
+{{- define "retryd.tlsDir" -}}
+/etc/retryd-tls
+{{- end }}
+
+{{/*
+Port the gRPC probes and the helm test pod ask grpc.health.v1 on: the
+plaintext tls.healthPort when the gRPC port speaks TLS (the kubelet's gRPC
+probes cannot), server.port otherwise.
+*/}}
+{{- define "retryd.healthPort" -}}
+{{- if .Values.tls.enabled }}
+{{- .Values.tls.healthPort }}
+{{- else }}
+{{- .Values.server.port }}
+{{- end }}
+{{- end }}
+
+{{/*
 Checks that need more than one value, so values.schema.json cannot express
 them. Included by every workload template; renders nothing.
 */}}
@@ -200,7 +223,7 @@ them. Included by every workload template; renders nothing.
 {{- fail "autoscaling.enabled must be false with store.kind \"file\": one pod owns the store's volume, so there is nothing to scale; set the replica count with replicaCount (0 or 1)" }}
 {{- end }}
 {{- $path := clean .Values.store.file.path }}
-{{- range $reserved := list "/tmp" "/etc/retryd" }}
+{{- range $reserved := list "/tmp" "/etc/retryd" (include "retryd.tlsDir" $) }}
 {{- if or (eq $path $reserved) (hasPrefix (printf "%s/" $reserved) $path) }}
 {{- fail (printf "store.file.path %q must not be %s or inside it: the chart mounts a volume of its own there" $.Values.store.file.path $reserved) }}
 {{- end }}
@@ -242,6 +265,27 @@ them. Included by every workload template; renders nothing.
 {{- if le (include "retryd.durationSecondsFloat" (get $.Values.server $key) | float64) 0.0 }}
 {{- fail (printf "server.%s %q must be positive" $key (get $.Values.server $key)) }}
 {{- end }}
+{{- end }}
+{{- range $key := list "keepaliveMinTime" "unaryTimeout" }}
+{{- if le (include "retryd.durationSecondsFloat" (get $.Values.server.limits $key) | float64) 0.0 }}
+{{- fail (printf "server.limits.%s %q must be positive" $key (get $.Values.server.limits $key)) }}
+{{- end }}
+{{- end }}
+{{- if .Values.tls.enabled }}
+{{- if not .Values.tls.existingSecret }}
+{{- fail "tls.enabled needs tls.existingSecret: the name of a kubernetes.io/tls Secret with tls.crt and tls.key (e.g. one cert-manager issues)" }}
+{{- end }}
+{{- if lt (include "retryd.durationSecondsFloat" .Values.tls.reloadInterval | float64) 0.1 }}
+{{- fail (printf "tls.reloadInterval %q must be at least 100ms" .Values.tls.reloadInterval) }}
+{{- end }}
+{{- $health := int .Values.tls.healthPort }}
+{{- range $what, $port := dict "server.port" .Values.server.port "server.metricsPort" .Values.server.metricsPort "service.port" .Values.service.port }}
+{{- if eq $health (int $port) }}
+{{- fail (printf "tls.healthPort (%d) must differ from %s: the plaintext health port needs a port of its own" $health $what) }}
+{{- end }}
+{{- end }}
+{{- else if .Values.tls.clientCaSecret }}
+{{- fail "tls.clientCaSecret needs tls.enabled: client certificates are only asked for over TLS" }}
 {{- end }}
 {{- $_ := include "retryd.terminationGracePeriodSeconds" . }}
 {{- end }}

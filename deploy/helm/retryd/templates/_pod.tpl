@@ -51,6 +51,24 @@ spec:
         {{- if eq .Values.store.kind "file" }}
         - --store=file:{{ .Values.store.file.path }}
         {{- end }}
+        {{- with .Values.server.limits }}
+        - --max-recv-msg-bytes={{ int64 .maxRecvMsgBytes }}
+        - --max-concurrent-streams={{ int64 .maxConcurrentStreams }}
+        - --keepalive-min-time={{ .keepaliveMinTime }}
+        - --max-connection-idle={{ .maxConnectionIdle }}
+        - --max-connection-age={{ .maxConnectionAge }}
+        - --max-connection-age-grace={{ .maxConnectionAgeGrace }}
+        - --unary-timeout={{ .unaryTimeout }}
+        {{- end }}
+        {{- if .Values.tls.enabled }}
+        - --tls-cert={{ include "retryd.tlsDir" . }}/tls.crt
+        - --tls-key={{ include "retryd.tlsDir" . }}/tls.key
+        {{- if .Values.tls.clientCaSecret }}
+        - --tls-client-ca={{ include "retryd.tlsDir" . }}/ca.crt
+        {{- end }}
+        - --tls-reload-interval={{ .Values.tls.reloadInterval }}
+        - --health-listen=0.0.0.0:{{ .Values.tls.healthPort }}
+        {{- end }}
       {{- if or .Values.otel.enabled .Values.extraEnv }}
       env:
         {{- if .Values.otel.enabled }}
@@ -94,11 +112,16 @@ spec:
           containerPort: {{ .Values.server.metricsPort }}
           protocol: TCP
         {{- end }}
+        {{- if .Values.tls.enabled }}
+        - name: health
+          containerPort: {{ .Values.tls.healthPort }}
+          protocol: TCP
+        {{- end }}
       {{- with .Values.probes.startup }}
       {{- if .enabled }}
       startupProbe:
         grpc:
-          port: {{ $.Values.server.port }}
+          port: {{ include "retryd.healthPort" $ }}
           service: {{ .service | quote }}
         initialDelaySeconds: {{ .initialDelaySeconds }}
         periodSeconds: {{ .periodSeconds }}
@@ -110,7 +133,7 @@ spec:
       {{- if .enabled }}
       livenessProbe:
         grpc:
-          port: {{ $.Values.server.port }}
+          port: {{ include "retryd.healthPort" $ }}
           service: {{ .service | quote }}
         initialDelaySeconds: {{ .initialDelaySeconds }}
         periodSeconds: {{ .periodSeconds }}
@@ -122,7 +145,7 @@ spec:
       {{- if .enabled }}
       readinessProbe:
         grpc:
-          port: {{ $.Values.server.port }}
+          port: {{ include "retryd.healthPort" $ }}
           service: {{ .service | quote }}
         initialDelaySeconds: {{ .initialDelaySeconds }}
         periodSeconds: {{ .periodSeconds }}
@@ -148,6 +171,11 @@ spec:
         - name: {{ include "retryd.dataVolumeName" . }}
           mountPath: {{ .Values.store.file.path }}
         {{- end }}
+        {{- if .Values.tls.enabled }}
+        - name: tls
+          mountPath: {{ include "retryd.tlsDir" . }}
+          readOnly: true
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -158,6 +186,31 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: 64Mi
+    {{- if .Values.tls.enabled }}
+    # The server certificate and key and, for mTLS, the client CAs; a
+    # projected volume (not subPath) so that the kubelet updates the files
+    # when a Secret is rotated and retryd reloads them.
+    - name: tls
+      projected:
+        # Readable by the non-root user whatever podSecurityContext.fsGroup
+        # is; the container runs nothing but retryd.
+        defaultMode: 0444
+        sources:
+          - secret:
+              name: {{ .Values.tls.existingSecret }}
+              items:
+                - key: tls.crt
+                  path: tls.crt
+                - key: tls.key
+                  path: tls.key
+          {{- with .Values.tls.clientCaSecret }}
+          - secret:
+              name: {{ . }}
+              items:
+                - key: ca.crt
+                  path: ca.crt
+          {{- end }}
+    {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -1,0 +1,402 @@
+// Package bench is retryd's load benchmark: it builds retryd (memory
+// store) and bench/echo, a bare grpc-go unary server, optionally runs
+// gubernator, starts each on loopback and drives it with a built-in Go
+// load generator, A/B/A/B interleaved, measuring requests per second,
+// p50/p99 latency and the server's own CPU time per request (utime+stime
+// from /proc/<pid>/stat). Run it with go run ./bench/cmd/retryd-bench;
+// docs/benchmarks.md describes the load and the numbers.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Config is one benchmark run.
+type Config struct {
+	// Root is the repository root (the directory of go.mod).
+	Root string
+	// Duration is the measured time of one phase; Warmup runs before it,
+	// unmeasured.
+	Duration, Warmup time.Duration
+	// Rounds is how many times each target runs per mode (A/B/A/B…).
+	Rounds int
+	// Workers is the number of concurrent callers; Conns the number of
+	// client connections they share round-robin.
+	Workers, Conns int
+	// Rate is the fixed-rate mode's requests per second; 0 skips it.
+	Rate int
+	// SkipSaturation skips the saturation mode.
+	SkipSaturation bool
+	// KeySpace is the number of sessions (gubernator: rate limit keys).
+	KeySpace int
+	// Samples bounds the latency samples kept per phase.
+	Samples int
+	// Gubernator adds gubernator v2.13.0 (built from tools/gubernator) as
+	// a third target.
+	Gubernator bool
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// DefaultConfig is the full run of docs/benchmarks.md.
+func DefaultConfig() Config {
+	return Config{
+		Duration: 10 * time.Second, Warmup: 2 * time.Second, Rounds: 2,
+		Workers: 32, Conns: 2, Rate: 2000, KeySpace: 10_000, Samples: 200_000,
+	}
+}
+
+// Result is one measured phase.
+type Result struct {
+	Target string
+	Mode   string // "saturation" or "<rate> rps"
+	Round  int
+	// Calls are all RPCs; Measured the ones whose latency is reported
+	// (FailedStep for retryd).
+	Calls, Measured, Errors int64
+	// Missed counts fixed-rate ticks no worker was free for.
+	Missed     int64
+	FirstError string
+	Elapsed    time.Duration
+	P50, P99   time.Duration
+	// ServerCPU is the server process's CPU time during the phase.
+	ServerCPU float64
+}
+
+// RPS is calls per second.
+func (r Result) RPS() float64 { return float64(r.Calls) / r.Elapsed.Seconds() }
+
+// CPUPerCall is the server's CPU time per call.
+func (r Result) CPUPerCall() time.Duration {
+	if r.Calls == 0 {
+		return 0
+	}
+	return time.Duration(r.ServerCPU / float64(r.Calls) * 1e9)
+}
+
+// target is one running server and how to load it.
+type target struct {
+	name  string
+	proc  *process
+	conns []*grpc.ClientConn
+	new   newCaller
+}
+
+// Run builds and starts the servers, runs every phase and stops the
+// servers. It returns the results in the order they ran.
+func Run(ctx context.Context, cfg Config) ([]Result, error) {
+	logw := cfg.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	if cfg.Workers < 1 || cfg.Conns < 1 || cfg.Rounds < 1 || cfg.Duration <= 0 {
+		return nil, fmt.Errorf("bench: workers, conns, rounds and duration must be positive (got %d, %d, %d, %v)",
+			cfg.Workers, cfg.Conns, cfg.Rounds, cfg.Duration)
+	}
+	dir, err := os.MkdirTemp("", "retryd-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	fmt.Fprintln(logw, "building retryd and bench/echo")
+	retrydBin, err := build(ctx, cfg.Root, dir, "retryd", "./cmd/retryd", "")
+	if err != nil {
+		return nil, err
+	}
+	echoBin, err := build(ctx, cfg.Root, dir, "echo", "./bench/echo", "")
+	if err != nil {
+		return nil, err
+	}
+	// OTEL_TRACES_EXPORTER=none keeps retryd's tracing a no-op even when
+	// the caller's environment configures an exporter.
+	noTrace := []string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}
+	var targets []*target
+	defer func() {
+		for _, t := range targets {
+			for _, c := range t.conns {
+				c.Close()
+			}
+			t.proc.stop()
+		}
+	}()
+	p, err := startServing(ctx, "retryd", retrydBin,
+		[]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json", "--log-level", "info"}, noTrace)
+	if err != nil {
+		return nil, err
+	}
+	targets = append(targets, &target{name: "retryd", proc: p, new: newRetrydCaller})
+	p, err = startServing(ctx, "echo", echoBin, []string{"--listen", "127.0.0.1:0"}, nil)
+	if err != nil {
+		return nil, err
+	}
+	targets = append(targets, &target{name: "grpc echo", proc: p, new: newEchoCaller})
+	if cfg.Gubernator {
+		fmt.Fprintln(logw, "building gubernator v2.13.0 from tools/gubernator")
+		p, err := startGubernator(ctx, cfg.Root, dir, noTrace)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, &target{name: "gubernator", proc: p, new: newGubernatorCaller})
+	}
+	for _, t := range targets {
+		for range cfg.Conns {
+			c, err := grpc.NewClient(t.proc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+			t.conns = append(t.conns, c)
+		}
+	}
+	if cfg.Gubernator {
+		if err := waitReady(ctx, targets[len(targets)-1], cfg); err != nil {
+			return nil, err
+		}
+	}
+	var modes []int // 0: saturation, else the fixed rate
+	if !cfg.SkipSaturation {
+		modes = append(modes, 0)
+	}
+	if cfg.Rate > 0 {
+		modes = append(modes, cfg.Rate)
+	}
+	var results []Result
+	phase := 0
+	for _, rate := range modes {
+		for round := 1; round <= cfg.Rounds; round++ {
+			for _, t := range targets {
+				phase++
+				r, err := runPhase(ctx, t, cfg, rate, round, fmt.Sprintf("p%d-", phase))
+				if err != nil {
+					return results, err
+				}
+				fmt.Fprintf(logw, "%-10s %-11s round %d: %8.0f rps  p50 %-9v p99 %-9v cpu/call %-8v errors %d\n",
+					r.Target, r.Mode, r.Round, r.RPS(), r.P50, r.P99, r.CPUPerCall(), r.Errors)
+				results = append(results, r)
+			}
+		}
+	}
+	return results, nil
+}
+
+// waitReady retries one call until t answers (gubernator joins its own
+// member list after it listens), for at most 30 s.
+func waitReady(ctx context.Context, t *target, cfg Config) error {
+	c := t.new(t.conns[0], 0, 1, cfg.KeySpace, rand.New(rand.NewPCG(1, 1)), "ready-")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := c.call(cctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s did not answer within 30s: %w\n%s", t.name, err, t.proc.logs.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// startGubernator builds gubernator from the tools module and runs it as a
+// single node bound to loopback only: gRPC and HTTP on reserved loopback
+// ports, member-list discovery (its default) with its gossip bound and
+// advertised on a loopback port too, its only known node itself.
+func startGubernator(ctx context.Context, root, dir string, env []string) (*process, error) {
+	bin, err := build(ctx, filepath.Join(root, "tools", "gubernator"), dir, "gubernator",
+		"github.com/gubernator-io/gubernator/v2/cmd/gubernator", "")
+	if err != nil {
+		return nil, err
+	}
+	var addrs [3]string
+	for i := range addrs {
+		if addrs[i], err = freeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+	}
+	env = append(env,
+		"GUBER_GRPC_ADDRESS="+addrs[0],
+		"GUBER_HTTP_ADDRESS="+addrs[1],
+		"GUBER_ADVERTISE_ADDRESS="+addrs[0],
+		"GUBER_PEER_DISCOVERY_TYPE=member-list",
+		"GUBER_MEMBERLIST_ADDRESS="+addrs[2],
+		"GUBER_MEMBERLIST_BIND_ADDRESS="+addrs[2],
+		"GUBER_MEMBERLIST_ADVERTISE_ADDRESS="+addrs[0],
+		"GUBER_MEMBERLIST_KNOWN_NODES="+addrs[2],
+		"GUBER_LOG_LEVEL=warn",
+	)
+	p, _, err := start(ctx, "gubernator", bin, nil, env)
+	if err != nil {
+		return nil, err
+	}
+	p.addr = addrs[0]
+	return p, nil
+}
+
+// runPhase runs one target in one mode: warm-up, then the measured
+// duration.
+func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefix string) (Result, error) {
+	mode := "saturation"
+	if rate > 0 {
+		mode = fmt.Sprintf("%d rps", rate)
+	}
+	res := Result{Target: t.name, Mode: mode, Round: round}
+	callers := make([]caller, cfg.Workers)
+	for i := range callers {
+		rng := rand.New(rand.NewPCG(uint64(round), uint64(i)))
+		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, prefix)
+	}
+	if cfg.Warmup > 0 {
+		if _, err := drive(ctx, callers, cfg.Warmup, rate, 0); err != nil {
+			return res, err
+		}
+	}
+	cpu0, err := t.proc.cpuSeconds()
+	if err != nil {
+		return res, err
+	}
+	st, err := drive(ctx, callers, cfg.Duration, rate, max(cfg.Samples/cfg.Workers, 1))
+	if err != nil {
+		return res, err
+	}
+	cpu1, err := t.proc.cpuSeconds()
+	if err != nil {
+		return res, err
+	}
+	res.Calls, res.Measured, res.Errors, res.Missed, res.FirstError = st.calls, st.measured, st.errors, st.missed, st.firstError
+	res.Elapsed = st.elapsed
+	res.ServerCPU = cpu1 - cpu0
+	res.P50, res.P99 = percentile(st.samples, 0.50), percentile(st.samples, 0.99)
+	return res, nil
+}
+
+type stats struct {
+	calls, measured, errors, missed int64
+	firstError                      string
+	elapsed                         time.Duration
+	samples                         []time.Duration
+}
+
+// drive runs every caller on its own goroutine for d. With rate 0 each
+// calls back to back (closed loop, saturation); otherwise a 1 ms ticker
+// releases rate·elapsed calls in total to whichever worker is free, and a
+// call no worker was free for is counted as missed (open loop, no
+// queueing). Each worker keeps a uniform reservoir of at most keep
+// latency samples of its measured calls.
+func drive(ctx context.Context, callers []caller, d time.Duration, rate, keep int) (stats, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var tokens chan struct{}
+	var missed int64
+	var tickWG sync.WaitGroup
+	if rate > 0 {
+		tokens = make(chan struct{}, len(callers))
+		tickWG.Add(1)
+		go func() {
+			defer tickWG.Done()
+			defer close(tokens)
+			start := time.Now()
+			tick := time.NewTicker(time.Millisecond)
+			defer tick.Stop()
+			var sent int64
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case now := <-tick.C:
+					due := int64(now.Sub(start).Seconds() * float64(rate))
+					for ; sent < due; sent++ {
+						select {
+						case tokens <- struct{}{}:
+						default:
+							missed++
+						}
+					}
+				}
+			}
+		}()
+	}
+	per := make([]stats, len(callers))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := &per[i]
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for {
+				if tokens != nil {
+					if _, ok := <-tokens; !ok {
+						return
+					}
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				// A call started before the end runs to completion (and
+				// counts), so no session is left in a state its worker
+				// does not know.
+				cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+				t0 := time.Now()
+				measured, err := c.call(cctx)
+				lat := time.Since(t0)
+				ccancel()
+				s.calls++
+				if err != nil {
+					s.errors++
+					if s.firstError == "" {
+						s.firstError = err.Error()
+					}
+					continue
+				}
+				if !measured || keep == 0 {
+					continue
+				}
+				s.measured++
+				if len(s.samples) < keep {
+					s.samples = append(s.samples, lat)
+				} else if j := rng.Int64N(s.measured); j < int64(keep) {
+					s.samples[j] = lat
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	tickWG.Wait()
+	out := stats{elapsed: elapsed, missed: missed}
+	for _, s := range per {
+		out.calls += s.calls
+		out.measured += s.measured
+		out.errors += s.errors
+		if out.firstError == "" {
+			out.firstError = s.firstError
+		}
+		out.samples = append(out.samples, s.samples...)
+	}
+	if err := context.Cause(ctx); ctx.Err() != nil && err != context.DeadlineExceeded {
+		return out, err
+	}
+	return out, nil
+}
+
+// percentile of samples by nearest rank (samples is sorted in place).
+func percentile(samples []time.Duration, q float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	slices.Sort(samples)
+	i := int(q*float64(len(samples))+0.5) - 1
+	return samples[min(max(i, 0), len(samples)-1)]
+}

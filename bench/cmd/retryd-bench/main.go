@@ -1,0 +1,90 @@
+// Command retryd-bench runs retryd's load benchmark (package bench) and
+// writes a markdown results table to stdout and, with --out, to a file.
+//
+//	go run ./bench/cmd/retryd-bench [--duration 10s] [--rounds 2] [--workers 32]
+//	    [--rate 2000] [--gubernator] [--out bench-results.md]
+//
+// Every server it starts listens on 127.0.0.1 only. See docs/benchmarks.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/retryd/retryd/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills the process at once
+	}()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "retryd-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg := bench.DefaultConfig()
+	fs := flag.NewFlagSet("retryd-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "measured time of each phase")
+	fs.DurationVar(&cfg.Warmup, "warmup", cfg.Warmup, "unmeasured load before each phase")
+	fs.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "A/B rounds per mode")
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "concurrent callers")
+	fs.IntVar(&cfg.Conns, "conns", cfg.Conns, "client connections per target")
+	fs.IntVar(&cfg.Rate, "rate", cfg.Rate, "fixed-rate mode's requests per second; 0: skip it")
+	fs.BoolVar(&cfg.SkipSaturation, "skip-saturation", false, "skip the saturation mode")
+	fs.IntVar(&cfg.KeySpace, "sessions", cfg.KeySpace, "session key space")
+	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "latency samples kept per phase")
+	fs.BoolVar(&cfg.Gubernator, "gubernator", false, "also run gubernator v2.13.0 (tools/gubernator) single-node on loopback")
+	out := fs.String("out", "", "also write the table to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return err
+	}
+	cfg.Root = root
+	cfg.Log = stderr
+	results, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	var table strings.Builder
+	if err := bench.WriteTable(&table, cfg, results); err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, table.String())
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(table.String()), 0o644); err != nil {
+			return fmt.Errorf("writing --out: %w", err)
+		}
+	}
+	return nil
+}
+
+// moduleRoot is the directory of the main module's go.mod.
+func moduleRoot(ctx context.Context) (string, error) {
+	b, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(b))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run retryd-bench inside the retryd module")
+	}
+	return filepath.Dir(mod), nil
+}

@@ -1,0 +1,98 @@
+// Command echo is the baseline of retryd-bench: a bare grpc-go server with
+// one unary method, retrydbench.Echo/Echo, that decodes a
+// google.protobuf.BytesValue with the default proto codec and returns it.
+// The service is registered with a hand-written grpc.ServiceDesc, so there
+// is no generated code; there are no interceptors, stats handlers, health
+// or reflection services. It is the framework's own cost of one unary call
+// of about the same request size as a FailedStep: HTTP/2 framing, the
+// handler dispatch and a proto decode and encode, and nothing else.
+//
+//	echo [--listen 127.0.0.1:0]
+//
+// When it serves it logs one JSON line {"msg":"serving","addr":"…"} to
+// stderr, the same line retryd logs, so the harness reads both the same way.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// ServiceName and FullMethod name the echo RPC for clients.
+const (
+	ServiceName = "retrydbench.Echo"
+	FullMethod  = "/" + ServiceName + "/Echo"
+)
+
+var echoDesc = grpc.ServiceDesc{
+	ServiceName: ServiceName,
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Echo",
+		Handler: func(_ any, _ context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.BytesValue)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			return in, nil
+		},
+	}},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal kills the process at once
+	}()
+	if err := run(ctx, os.Args[1:], os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "echo:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("echo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("net.Listen: %w", err)
+	}
+	srv := grpc.NewServer()
+	srv.RegisterService(&echoDesc, struct{}{})
+	line, err := json.Marshal(map[string]string{"msg": "serving", "addr": lis.Addr().String()})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "%s\n", line)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		srv.Stop()
+	}
+	return nil
+}

@@ -3,6 +3,7 @@ module github.com/retryd/retryd
 go 1.26.0
 
 require (
+	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/bbolt v1.4.3
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0
@@ -12,6 +13,8 @@ require (
 	google.golang.org/protobuf v1.36.12
 	sigs.k8s.io/yaml v1.6.0
 )
+
+require go.uber.org/atomic v1.12.0 // indirect
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

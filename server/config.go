@@ -43,8 +43,9 @@ type Config struct {
 	// MetricsListen is the HTTP address of the Prometheus /metrics endpoint;
 	// empty turns it off (flag --metrics-listen, env RETRYD_METRICS_LISTEN).
 	MetricsListen string
-	// Store is where state lives: "memory" (lost on restart) or
-	// "file:DIR", durable in DIR on this node (flag --store, env
+	// Store is where state lives: "memory" (lost on restart),
+	// "file:DIR", durable in DIR on this node, or "redis://host:port/db",
+	// shared by every replica using that Redis (flag --store, env
 	// RETRYD_STORE).
 	Store string
 
@@ -96,17 +97,22 @@ func (c *Config) TLSEnabled() bool { return c.TLSCert != "" }
 // MTLSEnabled reports whether the gRPC port requires client certificates.
 func (c *Config) MTLSEnabled() bool { return c.TLSEnabled() && c.TLSClientCA != "" }
 
-// StoreMemory and StoreFilePrefix are the values of Config.Store.
+// StoreMemory, StoreFilePrefix and StoreRedisPrefix are the values of
+// Config.Store.
 const (
-	StoreMemory     = "memory"
-	StoreFilePrefix = "file:"
+	StoreMemory      = "memory"
+	StoreFilePrefix  = "file:"
+	StoreRedisPrefix = "redis://"
 )
 
-// StoreKind returns the kind of the configured store ("memory" or "file")
-// and, for a file store, its directory.
+// StoreKind returns the kind of the configured store ("memory", "file" or
+// "redis") and, for a file store, its directory, for a redis store its URL.
 func (c *Config) StoreKind() (kind, dir string) {
 	if d, ok := strings.CutPrefix(c.Store, StoreFilePrefix); ok {
 		return "file", d
+	}
+	if strings.HasPrefix(c.Store, StoreRedisPrefix) {
+		return "redis", c.Store
 	}
 	return c.Store, ""
 }
@@ -147,7 +153,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (env RETRYD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
-	fs.StringVar(&c.Store, "store", c.Store, "memory, or file:DIR for state that survives restarts (env RETRYD_STORE)")
+	fs.StringVar(&c.Store, "store", c.Store, "memory, file:DIR for state that survives restarts, or redis://host:port/db shared by replicas (env RETRYD_STORE)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain of the gRPC port; with --tls-key turns TLS on (env RETRYD_TLS_CERT)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert (env RETRYD_TLS_KEY)")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "PEM CA bundle; set: require and verify client certificates (mTLS) (env RETRYD_TLS_CLIENT_CA)")
@@ -256,8 +262,10 @@ func (c *Config) Validate() error {
 	switch kind, dir := c.StoreKind(); {
 	case kind == "file" && dir == "":
 		bad("store", c.Store, "file: needs a directory, e.g. file:/var/lib/retryd")
-	case kind != StoreMemory && kind != "file":
-		bad("store", c.Store, "want memory or file:DIR")
+	case kind == "redis" && strings.TrimPrefix(dir, StoreRedisPrefix) == "":
+		bad("store", c.Store, "redis:// needs an address, e.g. redis://127.0.0.1:6379/0")
+	case kind != StoreMemory && kind != "file" && kind != "redis":
+		bad("store", c.Store, "want memory, file:DIR or redis://host:port/db")
 	}
 	c.validateTransport(bad, checkAddr)
 	return errors.Join(errs...)

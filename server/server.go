@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
@@ -264,7 +265,15 @@ func openStore(c Config) (*openedStore, error) {
 			return nil, fmt.Errorf("server: store: %w", err)
 		}
 		return &openedStore{Store: s, kind: kind, dir: dir, stop: s.Store.Close, release: s.Close}, nil
+	case "redis":
+		s, err := redis.Open(context.Background(), redis.Config{
+			URL: dir, ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("server: store: %w", err)
+		}
+		return &openedStore{Store: s, kind: kind, stop: s.Stop, release: s.Close}, nil
 	default:
-		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory or file:DIR"}
+		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR or redis://host:port/db"}
 	}
 }

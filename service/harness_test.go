@@ -15,6 +15,8 @@ import (
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/store/redis"
+	"github.com/retryd/retryd/store/redis/redistest"
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
@@ -48,6 +50,23 @@ var backends = []struct {
 		t.Cleanup(func() {
 			if err := s.Close(); err != nil {
 				t.Errorf("closing the file store: %v", err)
+			}
+		})
+		return s
+	}},
+	{"redis", func(t *testing.T, cfg memory.Config) service.Store {
+		srv := redistest.Shared(t)
+		s, err := redis.Open(context.Background(), redis.Config{
+			URL: srv.URL(0), KeyPrefix: redistest.Prefix(),
+			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, EventLogSize: cfg.EventLogSize,
+			Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("closing the redis store: %v", err)
 			}
 		})
 		return s

@@ -1,0 +1,997 @@
+// Package redis is retryd's shared store: every session lives in one Redis
+// (standalone, 7 or later), so several retryd replicas serve one fleet.
+//
+// A session's whole state is one key, retryd:{SESSION}:s, holding the
+// engine's snapshot (retryd.state.v1.Session). Every change is an
+// optimistic transaction: WATCH the session key, the global sequence
+// counter and the session's awaiter counts, read them, run the engine's
+// transition, then MULTI/EXEC the new snapshot, its events (on the
+// session's stream and on the global stream), its timer and a pub/sub
+// notification. A transaction that lost a race is run again on fresh
+// state, a bounded number of times; past that, or when Redis cannot be
+// reached, the call fails with service.ErrUnavailable and nothing changed.
+//
+// Event sequences come from the counter retryd:seq, which every
+// transaction watches: they are gapless and strictly increasing across
+// every session and replica, in commit order, and double as the stream ids
+// (SEQ-0), so WatchEvents resumes after any sequence. The price is that all
+// writes of one Redis are ordered through that counter: a replica commits
+// its callers' transitions in groups, one group at a time, and groups of
+// different replicas committed at the same moment conflict and are retried.
+//
+// Timers (a pending retry's due or abandon time) are members of the sorted
+// set retryd:timers, polled by every replica; the transaction that moves a
+// retry from pending to started or cancelled succeeds on exactly one
+// replica. Awaiters are counted per retry in retryd:{SESSION}:aw, so a
+// retry starts when it is due and an agent waits on any replica.
+//
+// The timer set and the counter are not in the session's hash slot: this
+// store works on standalone Redis, not on Redis Cluster (that needs
+// per-slot timer sets and sequences).
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+	"google.golang.org/protobuf/proto"
+)
+
+var _ service.Store = (*Store)(nil)
+
+// SchemaVersion is the version of the key layout this retryd reads and
+// writes, stored in retryd:schema.
+const SchemaVersion = 1
+
+// DefaultEventLogSize is roughly how many events the global stream keeps.
+const DefaultEventLogSize = 100_000
+
+const (
+	// maxAttempts bounds how often a transaction that lost a race is run
+	// again before the call fails with service.ErrUnavailable.
+	maxAttempts = 64
+	// pollInterval is how often a replica looks for due timers.
+	pollInterval = 10 * time.Millisecond
+	// pollBatch is how many due timers one poll handles.
+	pollBatch = 64
+	// recheckInterval bounds how long an awaiter or a watcher waits without
+	// a notification (one lost while the subscription reconnected) before
+	// it reads again.
+	recheckInterval = time.Second
+	// ttlMargin keeps a session with a pending retry a while past its
+	// abandon time, so that the abandonment is still recorded.
+	ttlMargin = time.Minute
+	// readBatch is how many events WatchEvents reads at once.
+	readBatch = 512
+	// maxGroup bounds how many transitions one transaction commits.
+	maxGroup = 128
+	// commitTimeout bounds one group commit.
+	commitTimeout = 10 * time.Second
+	// startTimeout bounds the PING and schema check of Open.
+	startTimeout = 5 * time.Second
+)
+
+// Config configures a Store. Zero fields take the defaults.
+type Config struct {
+	// URL is the Redis to use: redis://[user:password@]host:port/db.
+	URL string
+	// KeyPrefix is put before every key and channel, so that several
+	// independent retryd deployments (or tests) share one Redis.
+	KeyPrefix string
+	// ChainTTL is how long an idle session is kept. Default 1h.
+	ChainTTL time.Duration
+	// AbandonGrace is how long a due retry waits for an awaiter. Default 60s.
+	AbandonGrace time.Duration
+	// EventLogSize is roughly how many events each stream keeps.
+	EventLogSize int
+	// Now replaces time.Now (tests).
+	Now func() time.Time
+	// NewID replaces the random retry id generator (tests).
+	NewID func() string
+	// Rand replaces the jitter source (tests).
+	Rand interface{ Float64() float64 }
+}
+
+// SchemaError is data written by a key layout this retryd does not read.
+type SchemaError struct {
+	// Key is the schema key, Found its value.
+	Key, Found string
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("redis store: %s holds schema version %q, but this retryd reads schema version %d; "+
+		"it does not convert data on its own: migrate it explicitly or use another database or key prefix",
+		e.Key, e.Found, SchemaVersion)
+}
+
+// Store is the Redis store. Create it with Open; Stop ends its streams and
+// timers, Close also releases the connections.
+type Store struct {
+	cfg    Config
+	rdb    *redis.Client
+	pubsub *redis.PubSub
+	notify *notifier
+	// queue holds the transitions waiting for a group commit; leading is
+	// set while one caller commits a group (see update).
+	queueMu sync.Mutex
+	queue   []*request
+	leading bool
+
+	closing  chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+type globalRand struct{}
+
+func (globalRand) Float64() float64 { return mrand.Float64() }
+
+// Open connects to Redis, checks that it answers and that its data has
+// this retryd's schema (writing the schema version into an empty
+// database), and starts the timer poller and the notification subscriber.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	opts, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		// The URL may carry a password: name the problem, not the URL.
+		return nil, fmt.Errorf("redis store: the store URL is not a valid redis://host:port/db URL: %w", err)
+	}
+	if cfg.ChainTTL <= 0 {
+		cfg.ChainTTL = time.Hour
+	}
+	if cfg.AbandonGrace <= 0 {
+		cfg.AbandonGrace = time.Minute
+	}
+	if cfg.EventLogSize <= 0 {
+		cfg.EventLogSize = DefaultEventLogSize
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = rand.Text
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = globalRand{}
+	}
+	s := &Store{cfg: cfg, rdb: redis.NewClient(opts), notify: newNotifier(), closing: make(chan struct{})}
+	if err := s.check(ctx); err != nil {
+		s.rdb.Close()
+		return nil, err
+	}
+	s.pubsub = s.rdb.PSubscribe(ctx, s.channelPattern())
+	cctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if _, err := s.pubsub.Receive(cctx); err != nil {
+		s.pubsub.Close()
+		s.rdb.Close()
+		return nil, fmt.Errorf("redis store: subscribing to notifications at %s: %w", opts.Addr, err)
+	}
+	s.wg.Add(2)
+	go s.runNotifications()
+	go s.runTimers()
+	return s, nil
+}
+
+func (s *Store) check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	addr := s.rdb.Options().Addr
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis store: Redis at %s does not answer PING: %w", addr, err)
+	}
+	key := s.cfg.KeyPrefix + "retryd:schema"
+	if err := s.rdb.SetNX(ctx, key, strconv.Itoa(SchemaVersion), 0).Err(); err != nil {
+		return fmt.Errorf("redis store: writing %s at %s: %w", key, addr, err)
+	}
+	found, err := s.rdb.Get(ctx, key).Result()
+	if err != nil {
+		return fmt.Errorf("redis store: reading %s at %s: %w", key, addr, err)
+	}
+	if found != strconv.Itoa(SchemaVersion) {
+		return &SchemaError{Key: key, Found: found}
+	}
+	return nil
+}
+
+// Stop ends every AwaitRetry stream with Cancelled (reason shutdown) and
+// every WatchEvents stream, and stops the timer poller. Nothing is
+// recorded: shutdown is not a decision. It is idempotent.
+func (s *Store) Stop() {
+	s.stopOnce.Do(func() {
+		close(s.closing)
+		s.pubsub.Close()
+	})
+	s.wg.Wait()
+}
+
+// Close stops the store and closes its connections.
+func (s *Store) Close() error {
+	s.Stop()
+	return s.rdb.Close()
+}
+
+// Keys. Every key of a session carries the hash tag {SESSION}.
+
+func (s *Store) sessionKey(id string) string  { return s.cfg.KeyPrefix + "retryd:{" + id + "}:s" }
+func (s *Store) streamKey(id string) string   { return s.cfg.KeyPrefix + "retryd:{" + id + "}:events" }
+func (s *Store) awaitersKey(id string) string { return s.cfg.KeyPrefix + "retryd:{" + id + "}:aw" }
+func (s *Store) channel(id string) string     { return s.cfg.KeyPrefix + "retryd:{" + id + "}:n" }
+func (s *Store) retryKey(id string) string    { return s.cfg.KeyPrefix + "retryd:r:" + id }
+func (s *Store) seqKey() string               { return s.cfg.KeyPrefix + "retryd:seq" }
+func (s *Store) timersKey() string            { return s.cfg.KeyPrefix + "retryd:timers" }
+func (s *Store) eventsKey() string            { return s.cfg.KeyPrefix + "retryd:events" }
+func (s *Store) channelPattern() string       { return s.cfg.KeyPrefix + "retryd:{*}:n" }
+
+// sessionOfChannel returns the session a notification channel belongs to.
+func (s *Store) sessionOfChannel(ch string) (string, bool) {
+	rest, ok := strings.CutPrefix(ch, s.cfg.KeyPrefix+"retryd:{")
+	if !ok {
+		return "", false
+	}
+	return strings.CutSuffix(rest, "}:n")
+}
+
+// timerMember names a pending retry in the timer set: retry ids never hold
+// a space, session ids come after it.
+func timerMember(sessionID, retryID string) string { return retryID + " " + sessionID }
+
+func unavailable(op string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("redis store: %s: %w: %w", op, service.ErrUnavailable, err)
+}
+
+func (s *Store) env() engine.Env {
+	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID}
+}
+
+// txn is one transaction's view of a session and what it changes.
+type txn struct {
+	id       string
+	sess     *engine.Session // nil when the session does not exist (create it to write one)
+	awaiters map[string]int64
+	env      engine.Env
+
+	save      bool // write the session's snapshot
+	write     bool // write anything at all
+	events    []*retrydv1.Event
+	forgotten []*engine.Retry
+	timers    map[string]*float64 // member → score; nil removes it
+}
+
+func (t *txn) changed(evs ...*retrydv1.Event) {
+	t.save, t.write = true, true
+	t.events = append(t.events, evs...)
+}
+
+func (t *txn) setTimer(r *engine.Retry, at time.Time) {
+	score := float64(at.UnixMilli())
+	t.timer(r.ID, &score)
+}
+
+func (t *txn) clearTimer(retryID string) { t.timer(retryID, nil) }
+
+func (t *txn) timer(retryID string, score *float64) {
+	if t.timers == nil {
+		t.timers = map[string]*float64{}
+	}
+	t.timers[timerMember(t.id, retryID)] = score
+	t.write = true
+}
+
+// request is one call's transition, waiting for a group commit.
+type request struct {
+	id   string
+	fn   func(*txn) error
+	done chan error    // the outcome
+	lead chan struct{} // this caller now commits the next group
+}
+
+// update runs fn on the session in an optimistic transaction and returns
+// once it is committed; fn's own errors are returned as they are, and
+// nothing of fn is written then.
+//
+// Every transaction watches the sequence counter, so a replica commits
+// them in groups, one group at a time: the callers queue, one of them (the
+// leader) takes up to maxGroup of them, runs them in one WATCH/MULTI/EXEC
+// (again on fresh state whenever another replica won the race, at most
+// maxAttempts times), hands every caller its outcome and passes the lead
+// on. The commit runs under its own timeout, not the caller's context: a
+// caller that left must not strand the queue.
+func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	req := &request{id: id, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	s.queueMu.Lock()
+	s.queue = append(s.queue, req)
+	if !s.leading {
+		s.leading = true
+		req.lead <- struct{}{}
+	}
+	s.queueMu.Unlock()
+	for {
+		select {
+		case err := <-req.done:
+			return err
+		case <-req.lead:
+			s.lead()
+		}
+	}
+}
+
+// lead commits the group at the head of the queue (the leader's own
+// request is its first) and passes the lead to the next caller.
+func (s *Store) lead() {
+	s.queueMu.Lock()
+	n := min(len(s.queue), maxGroup)
+	group := slices.Clone(s.queue[:n])
+	s.queue = slices.Delete(s.queue, 0, n)
+	s.queueMu.Unlock()
+
+	errs := s.commitGroup(group)
+	for i, r := range group {
+		r.done <- errs[i]
+	}
+
+	s.queueMu.Lock()
+	if len(s.queue) > 0 {
+		s.queue[0].lead <- struct{}{}
+	} else {
+		s.leading = false
+	}
+	s.queueMu.Unlock()
+}
+
+// commitGroup runs a group's transitions in one optimistic transaction and
+// returns each one's outcome.
+func (s *Store) commitGroup(group []*request) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	keys := []string{s.seqKey()}
+	seen := map[string]bool{}
+	for _, r := range group {
+		if !seen[r.id] {
+			seen[r.id] = true
+			keys = append(keys, s.sessionKey(r.id), s.awaitersKey(r.id))
+		}
+	}
+	errs := make([]error, len(group))
+	for attempt := range maxAttempts {
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.apply(ctx, tx, group, errs) }, keys...)
+		switch {
+		case err == nil:
+			return errs
+		case !errors.Is(err, redis.TxFailedErr):
+			if !errors.Is(err, service.ErrUnavailable) {
+				err = unavailable("committing", err)
+			}
+			for i := range errs {
+				errs[i] = err
+			}
+			return errs
+		}
+		time.Sleep(time.Duration(mrand.Int64N(int64(attempt+1) * int64(200*time.Microsecond))))
+	}
+	for i := range errs {
+		errs[i] = fmt.Errorf("redis store: %d transactions lost to concurrent writers: %w", maxAttempts, service.ErrUnavailable)
+	}
+	return errs
+}
+
+// load reads sessions with their awaiter counts, and the sequence
+// counter. A session whose data is damaged is nil, with its error in
+// damaged.
+func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (sessions []*engine.Session, counts []map[string]int64, damaged []error, last uint64, err error) {
+	gets := make([]*redis.StringCmd, len(ids))
+	aws := make([]*redis.MapStringStringCmd, len(ids))
+	var seq *redis.StringCmd
+	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		seq = p.Get(ctx, s.seqKey())
+		for i, id := range ids {
+			gets[i] = p.Get(ctx, s.sessionKey(id))
+			aws[i] = p.HGetAll(ctx, s.awaitersKey(id))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, nil, nil, 0, unavailable("reading sessions", err)
+	}
+	if v, err := seq.Uint64(); err == nil {
+		last = v
+	} else if !errors.Is(err, redis.Nil) {
+		return nil, nil, nil, 0, unavailable("reading the sequence", err)
+	}
+	sessions = make([]*engine.Session, len(ids))
+	counts = make([]map[string]int64, len(ids))
+	damaged = make([]error, len(ids))
+	for i, id := range ids {
+		counts[i] = map[string]int64{}
+		for k, v := range aws[i].Val() {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+				counts[i][k] = n
+			}
+		}
+		b, err := gets[i].Bytes()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, nil, 0, unavailable("reading session", err)
+		}
+		snap := &statev1.Session{}
+		if err := proto.Unmarshal(b, snap); err != nil {
+			damaged[i] = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
+			continue
+		}
+		sess, err := engine.RestoreSession(snap)
+		if err != nil {
+			damaged[i] = fmt.Errorf("redis store: %w", err)
+			continue
+		}
+		for _, r := range sess.Retries() {
+			r.Awaiters = int(counts[i][r.ID])
+		}
+		sessions[i] = sess
+	}
+	return sessions, counts, damaged, last, nil
+}
+
+// loadOne reads one session (nil when it does not exist).
+func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
+	sessions, _, damaged, _, err := s.load(ctx, s.rdb, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	return sessions[0], damaged[0]
+}
+
+// apply runs a group's transitions on freshly read sessions and, if any
+// changed something, writes them all in one MULTI/EXEC. errs receives each
+// transition's own refusal; an error returned fails the whole group.
+func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs []error) error {
+	var ids []string
+	index := map[string]int{}
+	for _, r := range group {
+		if _, ok := index[r.id]; !ok {
+			index[r.id] = len(ids)
+			ids = append(ids, r.id)
+		}
+	}
+	sessions, counts, damaged, last, err := s.load(ctx, tx, ids)
+	if err != nil {
+		return err
+	}
+	env := s.env()
+	txns := make([]*txn, len(ids))
+	for i, id := range ids {
+		txns[i] = &txn{id: id, sess: sessions[i], awaiters: counts[i], env: env}
+	}
+	for i, r := range group {
+		// Damaged data refuses the calls that touch it, and only them.
+		if errs[i] = damaged[index[r.id]]; errs[i] == nil {
+			errs[i] = r.fn(txns[index[r.id]])
+		}
+	}
+	seq := last
+	write := false
+	for _, t := range txns {
+		write = write || t.write
+		for _, ev := range t.events {
+			seq++
+			ev.Sequence = seq
+		}
+	}
+	if !write {
+		return nil
+	}
+	snaps := make([][]byte, len(txns))
+	ttls := make([]time.Duration, len(txns))
+	for i, t := range txns {
+		ttls[i] = s.cfg.ChainTTL
+		if !t.save || t.sess == nil {
+			continue
+		}
+		if r := t.sess.Pending(); r != nil {
+			ttls[i] = max(ttls[i], r.Due.Add(s.cfg.AbandonGrace+ttlMargin).Sub(env.Now))
+		}
+		if snaps[i], err = proto.Marshal(t.sess.Snapshot()); err != nil {
+			return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
+		}
+	}
+	_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range txns {
+			if err := s.write(ctx, p, t, snaps[i], ttls[i]); err != nil {
+				return err
+			}
+		}
+		if seq != last {
+			p.Set(ctx, s.seqKey(), seq, 0)
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		for _, t := range txns {
+			if t.sess != nil {
+				t.sess.Commit()
+			}
+		}
+		return nil
+	case errors.Is(err, redis.TxFailedErr):
+		return err
+	default:
+		return unavailable("writing sessions", err)
+	}
+}
+
+// write queues one session's changes in a MULTI.
+func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byte, ttl time.Duration) error {
+	id := t.id
+	if snap != nil {
+		p.Set(ctx, s.sessionKey(id), snap, ttl)
+		for _, r := range t.sess.Retries() {
+			p.Set(ctx, s.retryKey(r.ID), id, ttl)
+		}
+		p.PExpire(ctx, s.awaitersKey(id), ttl)
+	}
+	for _, r := range t.forgotten {
+		p.Del(ctx, s.retryKey(r.ID))
+	}
+	for _, ev := range t.events {
+		b, err := proto.Marshal(ev)
+		if err != nil {
+			return fmt.Errorf("redis store: encoding event: %w", err)
+		}
+		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
+		p.XAdd(ctx, &redis.XAddArgs{Stream: s.streamKey(id), ID: sid, Values: []any{"e", b},
+			MaxLen: int64(s.cfg.EventLogSize), Approx: true})
+		p.XAdd(ctx, &redis.XAddArgs{Stream: s.eventsKey(), ID: sid, Values: []any{"e", b},
+			MaxLen: int64(s.cfg.EventLogSize), Approx: true})
+	}
+	if len(t.events) > 0 {
+		p.PExpire(ctx, s.streamKey(id), ttl)
+	}
+	for m, at := range t.timers {
+		if at == nil {
+			p.ZRem(ctx, s.timersKey(), m)
+		} else {
+			p.ZAdd(ctx, s.timersKey(), redis.Z{Score: *at, Member: m})
+		}
+	}
+	if t.save {
+		p.Publish(ctx, s.channel(id), "")
+	}
+	return nil
+}
+
+func notFound(format string, args ...any) error {
+	return &engine.Error{Kind: engine.KindNotFound, Message: fmt.Sprintf(format, args...)}
+}
+
+// FailedStep implements service.Store.
+func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
+	var out engine.FailOutcome
+	err := s.update(ctx, f.Request.GetSessionId(), func(t *txn) error {
+		if t.sess == nil {
+			t.sess = engine.NewSession(t.id, t.env.Now)
+		}
+		var err error
+		if out, err = t.sess.Fail(t.env, f); err != nil {
+			return err
+		}
+		if len(out.Events) == 0 {
+			return nil // a repeated report changes nothing
+		}
+		t.changed(out.Events...)
+		t.forgotten = out.Forgotten
+		if r := out.Scheduled; r != nil {
+			t.setTimer(r, r.Due)
+		}
+		return nil
+	})
+	if err != nil {
+		return engine.FailOutcome{}, err
+	}
+	return out, nil
+}
+
+// sessionOf looks a retry id up in the retry index.
+func (s *Store) sessionOf(ctx context.Context, retryID string) (string, error) {
+	id, err := s.rdb.Get(ctx, s.retryKey(retryID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", notFound("no retry %s", retryID)
+	}
+	if err != nil {
+		return "", unavailable("reading the retry index", err)
+	}
+	return id, nil
+}
+
+// retry reads a retained retry, with its awaiter count.
+func (s *Store) retry(ctx context.Context, sessionID, retryID string) (*engine.Retry, error) {
+	sess, err := s.loadOne(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	var r *engine.Retry
+	if sess != nil {
+		r = sess.Retry(retryID)
+	}
+	if r == nil {
+		return nil, notFound("no retry %s", retryID)
+	}
+	return r, nil
+}
+
+// fire moves a due retry on: Start when an agent awaits it, Cancel
+// (abandoned) when its grace passed with none, otherwise it sets the
+// retry's next timer. A terminal or forgotten retry leaves the timer set.
+func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
+	return s.update(ctx, sessionID, func(t *txn) error {
+		var r *engine.Retry
+		if t.sess != nil {
+			r = t.sess.Retry(retryID)
+		}
+		now := t.env.Now
+		switch {
+		case r == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
+			t.clearTimer(retryID)
+		case now.Before(r.Due):
+			t.setTimer(r, r.Due)
+		case t.awaiters[retryID] > 0:
+			ev, _ := t.sess.Start(t.env, r)
+			t.changed(ev)
+			t.clearTimer(retryID)
+		case now.Before(r.Due.Add(s.cfg.AbandonGrace)):
+			t.setTimer(r, r.Due.Add(s.cfg.AbandonGrace))
+		default:
+			t.changed(t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
+			t.clearTimer(retryID)
+		}
+		return nil
+	})
+}
+
+// AwaitRetry implements service.Store.
+func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
+	sessionID, err := s.sessionOf(ctx, retryID)
+	if err != nil {
+		return err
+	}
+	r, err := s.retry(ctx, sessionID, retryID)
+	if err != nil {
+		return err
+	}
+	if term := r.Terminal(); term != nil {
+		if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: r.State()}}); err != nil {
+			return err
+		}
+		return send(term)
+	}
+	awKey := s.awaitersKey(sessionID)
+	var n *redis.IntCmd
+	if _, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		n = p.HIncrBy(ctx, awKey, retryID, 1)
+		p.PExpire(ctx, awKey, s.cfg.ChainTTL+s.cfg.AbandonGrace+ttlMargin)
+		return nil
+	}); err != nil {
+		return unavailable("counting an awaiter", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+		defer cancel()
+		s.rdb.HIncrBy(dctx, awKey, retryID, -1)
+	}()
+	r.Awaiters = int(n.Val())
+	state := r.State()
+	if !s.cfg.Now().Before(r.Due) {
+		// Due already, and now an agent is here: this is the start. The
+		// stream still reports the pending state first, then Started.
+		if err := s.fire(ctx, sessionID, retryID); err != nil {
+			return err
+		}
+	}
+	if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: state}}); err != nil {
+		return err
+	}
+	recheck := time.NewTicker(recheckInterval)
+	defer recheck.Stop()
+	for {
+		notified, release := s.notify.watch(sessionID)
+		r, err := s.retry(ctx, sessionID, retryID)
+		if err != nil {
+			release()
+			return err
+		}
+		if term := r.Terminal(); term != nil {
+			release()
+			return send(term)
+		}
+		select {
+		case <-notified:
+		case <-recheck.C:
+		case <-ctx.Done():
+			release()
+			return ctx.Err()
+		case <-s.closing:
+			release()
+			sc := r.Scheduled
+			return send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: &retrydv1.RetryCancelled{
+				RetryId: r.ID, Reason: retrydv1.CancelReason_CANCEL_REASON_SHUTDOWN,
+				Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
+			}}})
+		}
+		release()
+	}
+}
+
+// CancelRetry implements service.Store.
+func (s *Store) CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error) {
+	sessionID, err := s.sessionOf(ctx, retryID)
+	if err != nil {
+		return nil, err
+	}
+	var state *retrydv1.RetryState
+	err = s.update(ctx, sessionID, func(t *txn) error {
+		var r *engine.Retry
+		if t.sess != nil {
+			r = t.sess.Retry(retryID)
+		}
+		if r == nil {
+			return notFound("no retry %s", retryID)
+		}
+		if evs := t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
+			t.changed(evs...)
+			t.clearTimer(retryID)
+		}
+		state = r.State()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{state}}, nil
+}
+
+// CancelSession implements service.Store.
+func (s *Store) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
+	resp := &retrydv1.CancelRetriesResponse{}
+	err := s.update(ctx, sessionID, func(t *txn) error {
+		if t.sess == nil {
+			return notFound("no session %s", sessionID)
+		}
+		pending := t.sess.Pending()
+		states, delegation, evs := t.sess.CancelAll(t.env)
+		t.changed(evs...)
+		if pending != nil {
+			t.clearTimer(pending.ID)
+		}
+		resp.Retries, resp.DelegationsCancelled = states, 0
+		if delegation {
+			resp.DelegationsCancelled = 1
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// StepSucceeded implements service.Store. A success on a session retryd
+// has never seen records nothing.
+func (s *Store) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
+	resp := &retrydv1.StepSucceededResponse{}
+	err := s.update(ctx, req.GetSessionId(), func(t *txn) error {
+		if t.sess == nil {
+			return nil
+		}
+		closed, evs, err := t.sess.Succeed(t.env, req.GetTurn(), req.GetStep())
+		if err != nil {
+			return err
+		}
+		t.changed(evs...) // even without events the latest position moved
+		resp.Closed = closed
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GetChains implements service.Store.
+func (s *Store) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
+	sess, err := s.loadOne(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	if sess == nil {
+		return nil, notFound("no session %s", sessionID)
+	}
+	return sess.Chains(), nil
+}
+
+// WatchEvents implements service.Store: a session's events come from its
+// stream, all events from the global stream; both are numbered by the
+// global sequence.
+func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
+	key := s.eventsKey()
+	if req.GetSessionId() != "" {
+		key = s.streamKey(req.GetSessionId())
+	}
+	after := req.GetAfterSequence()
+	recheck := time.NewTicker(recheckInterval)
+	defer recheck.Stop()
+	for {
+		notified, release := s.notify.watch(req.GetSessionId())
+		msgs, err := s.rdb.XRangeN(ctx, key, strconv.FormatUint(after+1, 10)+"-0", "+", readBatch).Result()
+		if err != nil {
+			release()
+			return unavailable("reading events", err)
+		}
+		for _, m := range msgs {
+			ev, err := decodeEvent(m)
+			if err != nil {
+				release()
+				return err
+			}
+			if err := send(ev); err != nil {
+				release()
+				return err
+			}
+			after = ev.GetSequence()
+		}
+		if len(msgs) == readBatch {
+			release()
+			continue
+		}
+		if req.GetStopAtEnd() {
+			release()
+			return nil
+		}
+		select {
+		case <-notified:
+		case <-recheck.C:
+		case <-ctx.Done():
+			release()
+			return ctx.Err()
+		case <-s.closing:
+			release()
+			return service.ErrShutdown
+		}
+		release()
+	}
+}
+
+func decodeEvent(m redis.XMessage) (*retrydv1.Event, error) {
+	v, ok := m.Values["e"].(string)
+	if !ok {
+		return nil, fmt.Errorf("redis store: event %s has no payload", m.ID)
+	}
+	ev := &retrydv1.Event{}
+	if err := proto.Unmarshal([]byte(v), ev); err != nil {
+		return nil, fmt.Errorf("redis store: event %s is damaged: %w", m.ID, err)
+	}
+	return ev, nil
+}
+
+// runTimers polls the timer set for due retries and moves each on.
+func (s *Store) runTimers() {
+	defer s.wg.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-s.closing
+		cancel()
+	}()
+	t := time.NewTicker(pollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closing:
+			return
+		case <-t.C:
+		}
+		due, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+			Key: s.timersKey(), ByScore: true, Start: "-inf",
+			Stop: strconv.FormatInt(s.cfg.Now().UnixMilli(), 10), Count: pollBatch,
+		}).Result()
+		if err != nil {
+			// Redis is away: nothing can start or be abandoned until it is
+			// back. Ask again a little later.
+			select {
+			case <-s.closing:
+				return
+			case <-time.After(recheckInterval):
+			}
+			continue
+		}
+		for _, m := range due {
+			retryID, sessionID, ok := strings.Cut(m, " ")
+			if !ok {
+				s.rdb.ZRem(ctx, s.timersKey(), m)
+				continue
+			}
+			// A failure leaves the timer in the set: the next poll tries again.
+			_ = s.fire(ctx, sessionID, retryID)
+		}
+	}
+}
+
+// runNotifications fans the subscription's messages out to local awaiters
+// and watchers.
+func (s *Store) runNotifications() {
+	defer s.wg.Done()
+	for msg := range s.pubsub.Channel() {
+		if id, ok := s.sessionOfChannel(msg.Channel); ok {
+			s.notify.wake(id)
+		}
+	}
+}
+
+// notifier wakes local waiters of a session (and every waiter of all
+// sessions) when a replica changed it.
+type notifier struct {
+	mu       sync.Mutex
+	sessions map[string]*waiters
+	all      chan struct{}
+}
+
+type waiters struct {
+	ch   chan struct{}
+	refs int
+}
+
+func newNotifier() *notifier {
+	return &notifier{sessions: map[string]*waiters{}, all: make(chan struct{})}
+}
+
+// watch returns a channel closed at the next change of the session (of any
+// session when id is empty); call release once done with it.
+func (n *notifier) watch(id string) (<-chan struct{}, func()) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id == "" {
+		return n.all, func() {}
+	}
+	w := n.sessions[id]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		n.sessions[id] = w
+	}
+	w.refs++
+	return w.ch, func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if w.refs--; w.refs == 0 && n.sessions[id] == w {
+			delete(n.sessions, id)
+		}
+	}
+}
+
+func (n *notifier) wake(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if w := n.sessions[id]; w != nil {
+		close(w.ch)
+		w.ch = make(chan struct{})
+	}
+	close(n.all)
+	n.all = make(chan struct{})
+}

@@ -27,6 +27,7 @@ import (
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
+	"github.com/retryd/retryd/store/redis/redistest"
 	yamlv3 "go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -417,6 +418,9 @@ type expectation struct {
 	optional     bool // PDB, HPA, ServiceMonitor, headless Service
 	extra        func(t *testing.T, r *rendered)
 	testPodImage string
+	// redisURL is the Secret key store.kind redis takes the Redis URL
+	// from (env RETRYD_STORE); nil for the other stores.
+	redisURL *corev1.SecretKeySelector
 }
 
 func defaultFlags(overrides map[string]string) map[string]string {
@@ -552,12 +556,71 @@ var expectations = map[string]expectation{
 			checkTLSVolume(t, r, "retryd-tls", "retryd-client-ca")
 		},
 	},
+	"redis-3-replicas.yaml": {
+		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 7700, grace: 15,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: nil, resources: true, probes: true, otel: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		redisURL: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "retryd-redis"}, Key: "redis-url",
+		},
+		extra: checkRedisReplicas,
+	},
 	"all-options.yaml": {
 		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
 		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
 		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
 		extra: checkAllOptions,
 	},
+}
+
+// checkRedisReplicas asserts the shared Redis store with three replicas:
+// a Deployment whose replicas the autoscaler (3 to 6) owns, and which
+// renders replicas 3 without it, a rolling update, and a PodDisruptionBudget
+// and an autoscaler of the Deployment (checkCommon checks the env and that
+// there is no --store flag).
+func checkRedisReplicas(t *testing.T, r *rendered) {
+	t.Helper()
+	if r.deployment == nil {
+		t.Fatal("no Deployment for store.kind redis")
+	}
+	if r.hpa == nil || deref(r.hpa.Spec.MinReplicas) != 3 || r.hpa.Spec.MaxReplicas != 6 ||
+		r.hpa.Spec.ScaleTargetRef.Kind != "Deployment" || r.hpa.Spec.ScaleTargetRef.Name != r.deployment.Name {
+		t.Errorf("HorizontalPodAutoscaler = %+v, want 3 to 6 replicas of the Deployment %s", r.hpa, r.deployment.Name)
+	}
+	if r.pdb == nil || r.pdb.Spec.MinAvailable == nil || r.pdb.Spec.MinAvailable.IntValue() != 2 ||
+		!maps.Equal(r.pdb.Spec.Selector.MatchLabels, r.deployment.Spec.Selector.MatchLabels) {
+		t.Errorf("PodDisruptionBudget = %+v, want minAvailable 2 of the Deployment's pods", r.pdb)
+	}
+	if s := r.deployment.Spec.Strategy; s.Type != appsv1.RollingUpdateDeploymentStrategyType {
+		t.Errorf("strategy = %+v, want RollingUpdate", s)
+	}
+	if strings.Contains(r.policyFile(t), "redis") {
+		t.Errorf("the ConfigMap mentions redis:\n%s", r.policyFile(t))
+	}
+
+	// Without the autoscaler the Deployment carries replicaCount itself.
+	data, err := os.ReadFile(filepath.Join("testdata", "redis-3-replicas.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values map[string]any
+	if err := yaml.Unmarshal(data, &values); err != nil {
+		t.Fatal(err)
+	}
+	values["autoscaling"] = map[string]any{"enabled": false}
+	out, err := yaml.Marshal(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noHPA := render(t, path)
+	if noHPA.deployment == nil || deref(noHPA.deployment.Spec.Replicas) != 3 || noHPA.hpa != nil {
+		t.Errorf("without the autoscaler: Deployment %v with replicas %d, HPA %v; want a Deployment of 3 replicas and no HPA",
+			noHPA.deployment != nil, deref(noHPA.workload().replicas), noHPA.hpa != nil)
+	}
 }
 
 // tlsDir is where the chart mounts the TLS files.
@@ -911,6 +974,9 @@ func TestNotes(t *testing.T) {
 			if strings.HasPrefix(expectations[filepath.Base(f)].flags["store"], "file:") {
 				wants = append(wants, "get pvc data-rel-retryd-0")
 			}
+			if ref := expectations[filepath.Base(f)].redisURL; ref != nil {
+				wants = append(wants, "Store: redis.", "of the Secret "+ref.Name)
+			}
 			if port := expectations[filepath.Base(f)].metricsPort; port != 0 {
 				wants = append(wants, fmt.Sprintf(` 9464:%d`, port), "curl -s localhost:9464/metrics")
 			} else {
@@ -1011,8 +1077,9 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		}
 	}
 
-	// The file store runs on a StatefulSet; the in-memory store keeps the
-	// Deployment and renders no --store flag (the server's default).
+	// The file store runs on a StatefulSet; the in-memory and the Redis
+	// store keep the Deployment and render no --store flag (the server's
+	// default; the Redis URL is in the env).
 	w := r.workload()
 	wantKind := "Deployment"
 	if strings.HasPrefix(want.flags["store"], "file:") {
@@ -1077,12 +1144,30 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 	if shutdown, err := time.ParseDuration(want.flags["shutdown-timeout"]); err != nil || time.Duration(want.grace)*time.Second <= shutdown {
 		t.Errorf("terminationGracePeriodSeconds %d is not longer than --shutdown-timeout %s", want.grace, want.flags["shutdown-timeout"])
 	}
+	stores := 0
 	for _, e := range c.Env {
-		if strings.HasPrefix(e.Name, "RETRYD_") {
-			t.Errorf("env %s: settings are passed as flags only", e.Name)
+		if e.Name == "RETRYD_STORE" && want.redisURL != nil {
+			// The Redis URL holds the password: only from the Secret.
+			stores++
+			if e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+				e.ValueFrom.SecretKeyRef.Name != want.redisURL.Name || e.ValueFrom.SecretKeyRef.Key != want.redisURL.Key ||
+				deref(e.ValueFrom.SecretKeyRef.Optional) {
+				t.Errorf("env RETRYD_STORE = %+v, want only from the required key %s of the Secret %s",
+					e, want.redisURL.Key, want.redisURL.Name)
+			}
+		} else if strings.HasPrefix(e.Name, "RETRYD_") {
+			t.Errorf("env %s: settings are passed as flags only (but the Redis URL)", e.Name)
 		}
 		if strings.HasPrefix(e.Name, "OTEL_") && !want.otel {
 			t.Errorf("env %s rendered though otel is disabled", e.Name)
+		}
+	}
+	if want.redisURL != nil && stores != 1 {
+		t.Errorf("env %v: %d RETRYD_STORE, want one from the Secret %s", envNames(c.Env), stores, want.redisURL.Name)
+	}
+	for _, a := range c.Args {
+		if strings.Contains(a, "redis") {
+			t.Errorf("arg %q: the Redis URL must not be in the args", a)
 		}
 	}
 	if want.otel && envValue(c.Env, "OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
@@ -1374,7 +1459,10 @@ func TestCheckConfig(t *testing.T) {
 // the TLS port by a client trusting the CA; a plaintext client (and, with
 // mTLS, one without a certificate) must fail there. With a file store it
 // then starts retryd again on the same directory and checks that the retry
-// decided by the first process is still there.
+// decided by the first process is still there. With the Redis store it
+// starts a redis-server of its own (skipping when none is installed), gives
+// RETRYD_STORE its URL in place of the Secret's, starts a second replica on
+// it and checks that a retry scheduled through one is seen through the other.
 func TestServeRenderedArgs(t *testing.T) {
 	t.Parallel()
 	bins := buildBinaries(t)
@@ -1400,12 +1488,21 @@ func TestServeRenderedArgs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			env := append(filterEnv(os.Environ(), "RETRYD_", "OTEL_"), podEnv(t, c.Env)...)
+			want := expectations[filepath.Base(f)]
+			var secrets map[string]string // "secret/key" → value, for podEnv
+			redisURL := ""                // the test's Redis, with store.kind redis
+			if ref := want.redisURL; ref != nil {
+				redisURL = redistest.Start(t).URL(0)
+				secrets = map[string]string{ref.Name + "/" + ref.Key: redisURL}
+			}
+			env := append(filterEnv(os.Environ(), "RETRYD_", "OTEL_"), podEnv(t, c.Env, secrets)...)
+			if redisURL != "" && !slices.Contains(env, "RETRYD_STORE="+redisURL) {
+				t.Fatalf("env %q lacks RETRYD_STORE from the Secret", podEnv(t, c.Env, secrets))
+			}
 
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
 			run := localArgs(t, c.Args, config, storeDir, filesOf(pki))
-			want := expectations[filepath.Base(f)]
 			if (want.metricsPort != 0) != (run.metricsAddr != "") {
 				t.Fatalf("args %q: --metrics-listen given %v, want %v (server.metricsPort %d)",
 					c.Args, run.metricsAddr != "", want.metricsPort != 0, want.metricsPort)
@@ -1460,11 +1557,18 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 
 			if run.metricsAddr != "" {
+				// The store gauges (retryd_sessions, …) are the population
+				// of a pod's own store; the Redis store, shared by the
+				// replicas, reports none, so ask for the gRPC server's.
+				metric := "retryd_sessions"
+				if redisURL != "" {
+					metric = "rpc_server_call_duration_seconds"
+				}
 				body, err := getMetrics(ctx, run.metricsAddr)
 				if err != nil {
 					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, p.logs.String())
-				} else if !strings.Contains(body, "retryd_sessions") {
-					t.Errorf("/metrics lacks retryd_sessions:\n%s", body)
+				} else if !strings.Contains(body, metric) {
+					t.Errorf("/metrics lacks %s:\n%s", metric, body)
 				}
 			}
 
@@ -1478,6 +1582,26 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 			if out, err := exec.CommandContext(ctx, bins["retryd-healthcheck"], testArgs...).CombinedOutput(); err != nil {
 				t.Errorf("helm test command %q: %v\n%s", testArgs, err, out)
+			}
+
+			if redisURL != "" {
+				// A second replica on the same Redis: what one decides, the
+				// other serves.
+				run2 := localArgs(t, c.Args, config, "", filesOf(pki))
+				p2 := startRetryd(ctx, t, bins["retryd"], run2.args, env)
+				conn2 := dial(t, run2.addr, pki)
+				if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p2.exited); err != nil {
+					t.Fatalf("second replica: %v\nretryd output:\n%s", err, p2.logs.String())
+				}
+				retryID := scheduleRetry(ctx, t, conn)
+				chains, err := retrydv1.NewRetryServiceClient(conn2).GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: durabilitySession})
+				if err != nil {
+					t.Errorf("GetChains on the second replica: %v", err)
+				} else if len(chains.GetChains()) != 1 || chains.GetChains()[0].GetLatest().GetRetryId() != retryID {
+					t.Errorf("the second replica sees the chains %v, want one whose latest retry is %s (scheduled through the first)",
+						chains.GetChains(), retryID)
+				}
+				p2.stop(t, shutdown)
 			}
 
 			var retryID string // a pending retry the restarted server must still know
@@ -1737,9 +1861,10 @@ func getMetrics(ctx context.Context, addr string) (string, error) {
 
 // podEnv resolves the container's env as the kubelet would, for a pod named
 // retryd-0 in the test namespace: literal values with $(VAR) references to
-// earlier variables expanded, and downward-API fields. Variables from other
-// sources (resource limits, Secrets) are left out.
-func podEnv(t *testing.T, env []corev1.EnvVar) []string {
+// earlier variables expanded, downward-API fields, and Secret keys found in
+// secrets ("name/key" → value). Variables from other sources (resource
+// limits, other Secrets) are left out.
+func podEnv(t *testing.T, env []corev1.EnvVar, secrets map[string]string) []string {
 	t.Helper()
 	fields := map[string]string{"metadata.name": "retryd-0", "metadata.namespace": namespace}
 	resolved := map[string]string{}
@@ -1754,6 +1879,8 @@ func podEnv(t *testing.T, env []corev1.EnvVar) []string {
 			if v, ok = fields[e.ValueFrom.FieldRef.FieldPath]; !ok {
 				t.Fatalf("env %s: field %s not simulated", e.Name, e.ValueFrom.FieldRef.FieldPath)
 			}
+		case e.ValueFrom.SecretKeyRef != nil && secrets[e.ValueFrom.SecretKeyRef.Name+"/"+e.ValueFrom.SecretKeyRef.Key] != "":
+			v = secrets[e.ValueFrom.SecretKeyRef.Name+"/"+e.ValueFrom.SecretKeyRef.Key]
 		default:
 			t.Logf("env %s: source %+v not simulated; left out", e.Name, e.ValueFrom)
 			continue

@@ -103,9 +103,9 @@ carries /usr/local/bin/retryd-healthcheck.
 {{- end }}
 
 {{/*
-Kind of the workload for the store: a Deployment for the in-memory store, a
-StatefulSet with a volumeClaimTemplate for the file store, both built from
-the same pod template (retryd.podTemplate).
+Kind of the workload for the store: a Deployment for the in-memory and the
+Redis store, a StatefulSet with a volumeClaimTemplate for the file store,
+both built from the same pod template (retryd.podTemplate).
 */}}
 {{- define "retryd.workloadKind" -}}
 {{- if eq .Values.store.kind "file" }}StatefulSet{{ else }}Deployment{{ end }}
@@ -226,6 +226,16 @@ them. Included by every workload template; renders nothing.
 {{- range $reserved := list "/tmp" "/etc/retryd" (include "retryd.tlsDir" $) }}
 {{- if or (eq $path $reserved) (hasPrefix (printf "%s/" $reserved) $path) }}
 {{- fail (printf "store.file.path %q must not be %s or inside it: the chart mounts a volume of its own there" $.Values.store.file.path $reserved) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if eq $kind "redis" }}
+{{- if not .Values.store.redis.existingSecret }}
+{{- fail "store.kind \"redis\" needs store.redis.existingSecret: the name of a Secret whose key store.redis.urlKey holds the full Redis URL (redis://[user:password@]host:port/db), passed to retryd as RETRYD_STORE" }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if eq .name "RETRYD_STORE" }}
+{{- fail "extraEnv must not set RETRYD_STORE with store.kind \"redis\": the chart sets it from store.redis.existingSecret" }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -69,8 +69,17 @@ spec:
         - --tls-reload-interval={{ .Values.tls.reloadInterval }}
         - --health-listen=0.0.0.0:{{ .Values.tls.healthPort }}
         {{- end }}
-      {{- if or .Values.otel.enabled .Values.extraEnv }}
+      {{- if or .Values.otel.enabled .Values.extraEnv (eq .Values.store.kind "redis") }}
       env:
+        {{- if eq .Values.store.kind "redis" }}
+        # --store for the Redis store: the URL, password included, comes
+        # from the Secret, never from the args or the ConfigMap.
+        - name: RETRYD_STORE
+          valueFrom:
+            secretKeyRef:
+              name: {{ .Values.store.redis.existingSecret }}
+              key: {{ .Values.store.redis.urlKey | quote }}
+        {{- end }}
         {{- if .Values.otel.enabled }}
         - name: POD_NAME
           valueFrom:

@@ -117,7 +117,9 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 				opts = append(opts, service.WithPolicies(ps))
 			}
 			h := &harness{t: t, store: store}
-			var srvOpts []grpc.ServerOption
+			srvOpts := []grpc.ServerOption{
+				grpc.ChainUnaryInterceptor(testTenantUnary), grpc.ChainStreamInterceptor(testTenantStream),
+			}
 			if o.telemetry {
 				h.spans = tracetest.NewSpanRecorder()
 				// The server's own filter: speculative backoff spans of

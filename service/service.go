@@ -28,10 +28,12 @@ import (
 type Store interface {
 	// FailedStep decides a validated failure (see engine.Session.Fail).
 	FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error)
-	// AwaitRetry sends the retry's state, then its one terminal message.
-	AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error
-	// CancelRetry cancels one pending retry; a terminal one is reported as is.
-	CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error)
+	// AwaitRetry sends the retry's state, then its one terminal message. A
+	// retry whose session is not InScope(scope, …) is not found.
+	AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error
+	// CancelRetry cancels one pending retry; a terminal one is reported as
+	// is. A retry whose session is not InScope(scope, …) is not found.
+	CancelRetry(ctx context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error)
 	// CancelSession cancels a session's pending retry and open delegation.
 	CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error)
 	// StepSucceeded closes a session's open chains.
@@ -132,6 +134,8 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	if err != nil {
 		return nil, err
 	}
+	scope := scopeOf(ctx)
+	req.SessionId = scope + req.SessionId // validated: never already scoped
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
@@ -146,7 +150,7 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 			"step", req.GetStep(), "provider", req.GetProvider(), "code", req.GetFailure().GetCode(),
 			"decision", out.Response.GetDecision().String())
 	}
-	return out.Response, nil
+	return unscoped(scope, out.Response), nil
 }
 
 // failure validates req and resolves its policy.
@@ -208,24 +212,31 @@ func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.Re
 	if err := v.err(); err != nil {
 		return err
 	}
-	return toStatus(s.store.AwaitRetry(stream.Context(), req.GetRetryId(), stream.Send))
+	scope := scopeOf(stream.Context())
+	err := s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
+		return stream.Send(unscoped(scope, r))
+	})
+	return toStatus(notFound(err, "no retry "+req.GetRetryId()))
 }
 
 // CancelRetries implements RetryService.CancelRetries.
 func (s *Service) CancelRetries(ctx context.Context, req *retrydv1.CancelRetriesRequest) (*retrydv1.CancelRetriesResponse, error) {
 	var v validator
 	var (
-		resp *retrydv1.CancelRetriesResponse
-		err  error
+		resp  *retrydv1.CancelRetriesResponse
+		err   error
+		scope = scopeOf(ctx)
 	)
 	switch t := req.GetTarget().(type) {
 	case *retrydv1.CancelRetriesRequest_RetryId:
 		if v.retryID("retry_id", t.RetryId); v.ok() {
-			resp, err = s.store.CancelRetry(ctx, t.RetryId)
+			resp, err = s.store.CancelRetry(ctx, scope, t.RetryId)
+			err = notFound(err, "no retry "+t.RetryId)
 		}
 	case *retrydv1.CancelRetriesRequest_SessionId:
 		if v.sessionID("session_id", t.SessionId); v.ok() {
-			resp, err = s.store.CancelSession(ctx, t.SessionId)
+			resp, err = s.store.CancelSession(ctx, scope+t.SessionId)
+			err = notFound(err, "no session "+t.SessionId)
 		}
 	default:
 		v.add("target", "set retry_id or session_id")
@@ -236,7 +247,7 @@ func (s *Service) CancelRetries(ctx context.Context, req *retrydv1.CancelRetries
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return resp, nil
+	return unscoped(scope, resp), nil
 }
 
 // StepSucceeded implements RetryService.StepSucceeded.
@@ -247,6 +258,7 @@ func (s *Service) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceeded
 	if err := v.err(); err != nil {
 		return nil, err
 	}
+	req.SessionId = scopeOf(ctx) + req.SessionId
 	resp, err := s.store.StepSucceeded(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
@@ -261,11 +273,12 @@ func (s *Service) GetChains(ctx context.Context, req *retrydv1.GetChainsRequest)
 	if err := v.err(); err != nil {
 		return nil, err
 	}
-	resp, err := s.store.GetChains(ctx, req.GetSessionId())
+	scope := scopeOf(ctx)
+	resp, err := s.store.GetChains(ctx, scope+req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, toStatus(notFound(err, "no session "+req.GetSessionId()))
 	}
-	return resp, nil
+	return unscoped(scope, resp), nil
 }
 
 // WatchEvents implements RetryService.WatchEvents.
@@ -277,9 +290,30 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 	if err := v.err(); err != nil {
 		return err
 	}
+	scope := scopeOf(stream.Context())
+	if scope != "" && req.GetSessionId() != "" {
+		req.SessionId = scope + req.SessionId
+	}
+	// Without a session filter the log of every session is read and the
+	// caller's tenant's events are picked out of it.
+	all := req.GetSessionId() == ""
 	return toStatus(s.store.WatchEvents(stream.Context(), req, func(ev *retrydv1.Event) error {
-		return stream.Send(&retrydv1.WatchEventsResponse{Event: ev})
+		if all && !InScope(scope, ev.GetSessionId()) {
+			return nil
+		}
+		return stream.Send(&retrydv1.WatchEventsResponse{Event: unscoped(scope, ev)})
 	}))
+}
+
+// notFound replaces the message of a store's not-found error with msg,
+// which names the id as the caller sent it: the store's names the stored,
+// tenant-qualified id.
+func notFound(err error, msg string) error {
+	var ee *engine.Error
+	if errors.As(err, &ee) && ee.Kind == engine.KindNotFound {
+		return &engine.Error{Kind: engine.KindNotFound, Message: msg}
+	}
+	return err
 }
 
 // errorDomain is the google.rpc.ErrorInfo domain of retryd's errors.

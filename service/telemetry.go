@@ -30,6 +30,7 @@ const (
 	spanBackoff = "retryd.backoff"
 
 	attrSessionID     = attribute.Key("retryd.session.id")
+	attrTenantID      = attribute.Key("retryd.tenant.id")
 	attrTurn          = attribute.Key("retryd.turn")
 	attrStep          = attribute.Key("retryd.step")
 	attrLogicalTurnID = attribute.Key("retryd.logical_turn.id")
@@ -186,8 +187,10 @@ func callerAttempt(ctx context.Context) string {
 // retry this decision may schedule.
 func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (context.Context, trace.Span, trace.Span) {
 	req := f.Request
+	tenantID, sessionID := SplitSessionID(req.GetSessionId())
 	ctx, span := t.tracer.Start(ctx, spanDecide, trace.WithAttributes(
-		attrSessionID.String(req.GetSessionId()),
+		attrTenantID.String(tenantID),
+		attrSessionID.String(sessionID),
 		attrTurn.Int64(int64(req.GetTurn())),
 		attrStep.Int64(int64(req.GetStep())),
 		semconv.GenAIProviderNameKey.String(req.GetProvider()),
@@ -250,7 +253,8 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 		t.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("decision", "schedule"),
 			attribute.String("reason", ""), attribute.String("provider", provider), attribute.String("mode", modeLabel(s.GetMode()))))
 		if backoff != nil && out.Scheduled != nil {
-			backoff.SetAttributes(append(attrs[1:], attrSessionID.String(f.Request.GetSessionId()))...)
+			tenantID, sessionID := SplitSessionID(f.Request.GetSessionId())
+			backoff.SetAttributes(append(attrs[1:], attrTenantID.String(tenantID), attrSessionID.String(sessionID))...)
 			t.mu.Lock()
 			t.backoffs[s.GetRetryId()] = backoff
 			t.mu.Unlock()

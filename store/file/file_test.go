@@ -70,7 +70,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 	ctx := context.Background()
 	a := open(t, dir, memory.Config{})
 	cancelled := failStep(t, a, "a", 1, 1).GetDecision().GetSchedule().GetRetryId()
-	if _, err := a.CancelRetry(ctx, cancelled); err != nil {
+	if _, err := a.CancelRetry(ctx, "", cancelled); err != nil {
 		t.Fatal(err)
 	}
 	pending := failStep(t, a, "a", 2, 3_600_000)
@@ -131,7 +131,7 @@ func TestEventsAreTrimmed(t *testing.T) {
 		r := failStep(t, a, "s", step+1, 3_600_000)
 		failStep(t, a, "s", step+1, 3_600_000) // a repeated report records nothing
 		if id := r.GetDecision().GetSchedule().GetRetryId(); id != "" {
-			if _, err := a.CancelRetry(context.Background(), id); err != nil {
+			if _, err := a.CancelRetry(context.Background(), "", id); err != nil {
 				t.Fatal(err)
 			}
 		}

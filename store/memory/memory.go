@@ -272,12 +272,13 @@ func (s *Store) indexOf(retryID string) *indexShard {
 	return &s.index[maphash.String(s.seed, retryID)%shardCount]
 }
 
-func (s *Store) lookup(retryID string) (*engine.Retry, error) {
+// lookup finds a retry of a session in scope (see service.InScope).
+func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
 	ix := s.indexOf(retryID)
 	ix.mu.Lock()
 	r := ix.retries[retryID]
 	ix.mu.Unlock()
-	if r == nil {
+	if r == nil || !service.InScope(scope, r.SessionID) {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no retry " + retryID}
 	}
 	return r, nil
@@ -333,8 +334,8 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 }
 
 // AwaitRetry implements service.Store.
-func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	r, err := s.lookup(retryID)
+func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
+	r, err := s.lookup(scope, retryID)
 	if err != nil {
 		return err
 	}
@@ -397,8 +398,8 @@ func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retry
 }
 
 // CancelRetry implements service.Store.
-func (s *Store) CancelRetry(_ context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	r, err := s.lookup(retryID)
+func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {
+	r, err := s.lookup(scope, retryID)
 	if err != nil {
 		return nil, err
 	}

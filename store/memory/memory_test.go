@@ -58,13 +58,13 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 
 	idle := fail(t, s, "idle", 1, 1)
 	idleID := idle.GetDecision().GetSchedule().GetRetryId()
-	if _, err := s.CancelRetry(context.Background(), idleID); err != nil {
+	if _, err := s.CancelRetry(context.Background(), "", idleID); err != nil {
 		t.Fatal(err)
 	}
 	pending := fail(t, s, "pending", 1, 10_000_000)
 	// A session whose chain is open (its retry started) closes it on expiry.
 	open := fail(t, s, "open", 1, 1)
-	r, err := s.lookup(open.GetDecision().GetSchedule().GetRetryId())
+	r, err := s.lookup("", open.GetDecision().GetSchedule().GetRetryId())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,10 +85,10 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 	if n := s.Len(); n != 1 {
 		t.Fatalf("%d sessions after expiry, want 1 (the one with a pending retry)", n)
 	}
-	if _, err := s.lookup(idleID); err == nil {
+	if _, err := s.lookup("", idleID); err == nil {
 		t.Errorf("expired session's retry %s is still indexed", idleID)
 	}
-	if _, err := s.lookup(pending.GetDecision().GetSchedule().GetRetryId()); err != nil {
+	if _, err := s.lookup("", pending.GetDecision().GetSchedule().GetRetryId()); err != nil {
 		t.Errorf("pending retry lost: %v", err)
 	}
 	if _, err := s.GetChains(context.Background(), "idle"); err == nil {
@@ -109,20 +109,20 @@ func TestRetainedRetriesAreBounded(t *testing.T) {
 			continue
 		}
 		ids = append(ids, id)
-		if _, err := s.CancelRetry(context.Background(), id); err != nil {
+		if _, err := s.CancelRetry(context.Background(), "", id); err != nil {
 			t.Fatal(err)
 		}
 	}
 	indexed := 0
 	for _, id := range ids {
-		if _, err := s.lookup(id); err == nil {
+		if _, err := s.lookup("", id); err == nil {
 			indexed++
 		}
 	}
 	if indexed != engine.MaxRetainedRetries {
 		t.Errorf("%d of %d retries still indexed, want %d", indexed, len(ids), engine.MaxRetainedRetries)
 	}
-	if _, err := s.lookup(ids[0]); err == nil {
+	if _, err := s.lookup("", ids[0]); err == nil {
 		t.Error("the oldest retry is still indexed")
 	}
 }
@@ -198,7 +198,7 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			r, err := s.lookup(out.Response.GetDecision().GetSchedule().GetRetryId())
+			r, err := s.lookup("", out.Response.GetDecision().GetSchedule().GetRetryId())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -150,7 +150,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	before := chainsOf(t, s, "a")
 
 	d.broken.Store(true)
-	if _, err := s.CancelRetry(ctx, firstID); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := s.CancelRetry(ctx, "", firstID); !errors.Is(err, service.ErrUnavailable) {
 		t.Fatalf("CancelRetry with a broken disk: %v, want ErrUnavailable", err)
 	}
 	if _, err := s.CancelSession(ctx, "a"); !errors.Is(err, service.ErrUnavailable) {
@@ -171,7 +171,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	}
 	// The agent is there and the retry is due, but the start cannot be
 	// written: the awaiter is refused and the retry stays pending.
-	r, err := s.lookup(firstID)
+	r, err := s.lookup("", firstID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	sh.mu.Lock()
 	r.Due = time.Now().Add(-time.Millisecond)
 	sh.mu.Unlock()
-	err = s.AwaitRetry(ctx, firstID, func(*retrydv1.AwaitRetryResponse) error {
+	err = s.AwaitRetry(ctx, "", firstID, func(*retrydv1.AwaitRetryResponse) error {
 		t.Error("AwaitRetry sent a message although the start was not written")
 		return nil
 	})
@@ -192,7 +192,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 
 	d.broken.Store(false)
 	var msgs []*retrydv1.AwaitRetryResponse
-	if err := s.AwaitRetry(ctx, firstID, func(m *retrydv1.AwaitRetryResponse) error {
+	if err := s.AwaitRetry(ctx, "", firstID, func(m *retrydv1.AwaitRetryResponse) error {
 		msgs = append(msgs, m)
 		return nil
 	}); err != nil {
@@ -224,7 +224,7 @@ func TestTimerRetriesAFailedStart(t *testing.T) {
 	got := make(chan []*retrydv1.AwaitRetryResponse, 1)
 	go func() {
 		var msgs []*retrydv1.AwaitRetryResponse
-		err := s.AwaitRetry(context.Background(), id, func(m *retrydv1.AwaitRetryResponse) error {
+		err := s.AwaitRetry(context.Background(), "", id, func(m *retrydv1.AwaitRetryResponse) error {
 			msgs = append(msgs, m)
 			return nil
 		})
@@ -234,7 +234,7 @@ func TestTimerRetriesAFailedStart(t *testing.T) {
 		got <- msgs
 	}()
 	time.Sleep(300 * time.Millisecond) // due, and the first start failed
-	r, err := s.lookup(id)
+	r, err := s.lookup("", id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 	ctx := context.Background()
 	a := New(Config{Persist: d.persist})
 	idle := fail(t, a, "idle", 1, 1)
-	if _, err := a.CancelRetry(ctx, idle.GetDecision().GetSchedule().GetRetryId()); err != nil {
+	if _, err := a.CancelRetry(ctx, "", idle.GetDecision().GetSchedule().GetRetryId()); err != nil {
 		t.Fatal(err)
 	}
 	soon := fail(t, a, "soon", 1, 300).GetDecision().GetSchedule()
@@ -305,7 +305,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 	}
 	for _, s := range []*retrydv1.Schedule{soon, late} {
 		var msgs []*retrydv1.AwaitRetryResponse
-		if err := b.AwaitRetry(ctx, s.GetRetryId(), func(m *retrydv1.AwaitRetryResponse) error {
+		if err := b.AwaitRetry(ctx, "", s.GetRetryId(), func(m *retrydv1.AwaitRetryResponse) error {
 			msgs = append(msgs, m)
 			return nil
 		}); err != nil {

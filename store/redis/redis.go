@@ -610,10 +610,11 @@ func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOu
 	return out, nil
 }
 
-// sessionOf looks a retry id up in the retry index.
-func (s *Store) sessionOf(ctx context.Context, retryID string) (string, error) {
+// sessionOf looks a retry id of a session in scope (see service.InScope)
+// up in the retry index.
+func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, error) {
 	id, err := s.rdb.Get(ctx, s.retryKey(retryID)).Result()
-	if errors.Is(err, redis.Nil) {
+	if errors.Is(err, redis.Nil) || err == nil && !service.InScope(scope, id) {
 		return "", notFound("no retry %s", retryID)
 	}
 	if err != nil {
@@ -668,8 +669,8 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 }
 
 // AwaitRetry implements service.Store.
-func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	sessionID, err := s.sessionOf(ctx, retryID)
+func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
+	sessionID, err := s.sessionOf(ctx, scope, retryID)
 	if err != nil {
 		return err
 	}
@@ -741,8 +742,8 @@ func (s *Store) AwaitRetry(ctx context.Context, retryID string, send func(*retry
 }
 
 // CancelRetry implements service.Store.
-func (s *Store) CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	sessionID, err := s.sessionOf(ctx, retryID)
+func (s *Store) CancelRetry(ctx context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {
+	sessionID, err := s.sessionOf(ctx, scope, retryID)
 	if err != nil {
 		return nil, err
 	}

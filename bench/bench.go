@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,22 @@ type Config struct {
 	// Gubernator adds gubernator v2.13.0 (built from tools/gubernator) as
 	// a third target.
 	Gubernator bool
+	// BaseRoot, when set, is another source tree of retryd (for example
+	// `git archive HEAD` unpacked in a scratch directory) whose
+	// ./cmd/retryd runs as one more target, "retryd@base", under the same
+	// load and interleaved with the others: a before/after comparison in
+	// one run.
+	BaseRoot string
+	// NoMetrics runs retryd without its metrics listener (so without
+	// otelgrpc, which it installs only when tracing or metrics are on);
+	// the default is the Helm chart's deployment, metrics on. Profiling
+	// needs the listener, so ProfileDir overrides it.
+	NoMetrics bool
+	// ProfileDir, when set, starts retryd with --pprof and bench/echo with
+	// --pprof, and after the measured phases runs one unmeasured
+	// saturation phase per target while collecting its CPU and heap
+	// profiles into this directory (see profileTarget).
+	ProfileDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -130,13 +147,36 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			t.proc.stop()
 		}
 	}()
-	p, err := startServing(ctx, "retryd", retrydBin,
-		[]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json", "--log-level", "info"}, noTrace)
+	// The metrics listener is on, as the Helm chart deploys retryd; nothing
+	// scrapes it during the run.
+	retrydArgs := []string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json", "--log-level", "info"}
+	if !cfg.NoMetrics || cfg.ProfileDir != "" {
+		retrydArgs = append(retrydArgs, "--metrics-listen", "127.0.0.1:0")
+	}
+	echoArgs := []string{"--listen", "127.0.0.1:0"}
+	mainArgs := retrydArgs
+	if cfg.ProfileDir != "" {
+		mainArgs = append(slices.Clone(retrydArgs), "--pprof")
+		echoArgs = append(echoArgs, "--pprof", "127.0.0.1:0")
+	}
+	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, noTrace)
 	if err != nil {
 		return nil, err
 	}
 	targets = append(targets, &target{name: "retryd", proc: p, new: newRetrydCaller})
-	p, err = startServing(ctx, "echo", echoBin, []string{"--listen", "127.0.0.1:0"}, nil)
+	if cfg.BaseRoot != "" {
+		fmt.Fprintln(logw, "building retryd@base from", cfg.BaseRoot)
+		baseBin, err := build(ctx, cfg.BaseRoot, dir, "retryd-base", "./cmd/retryd", "")
+		if err != nil {
+			return nil, err
+		}
+		p, err := startServing(ctx, "retryd@base", baseBin, retrydArgs, noTrace)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, &target{name: "retryd@base", proc: p, new: newRetrydCaller})
+	}
+	p, err = startServing(ctx, "echo", echoBin, echoArgs, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +223,20 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 				fmt.Fprintf(logw, "%-10s %-11s round %d: %8.0f rps  p50 %-9v p99 %-9v cpu/call %-8v errors %d\n",
 					r.Target, r.Mode, r.Round, r.RPS(), r.P50, r.P99, r.CPUPerCall(), r.Errors)
 				results = append(results, r)
+			}
+		}
+	}
+	if cfg.ProfileDir != "" {
+		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+			return results, err
+		}
+		for _, t := range targets {
+			files, err := profileTarget(ctx, t, cfg, cfg.ProfileDir)
+			if err != nil {
+				return results, err
+			}
+			if len(files) > 0 {
+				fmt.Fprintf(logw, "%-10s profiles: %s\n", t.name, strings.Join(files, " "))
 			}
 		}
 	}

@@ -44,7 +44,7 @@ func TestSmoke(t *testing.T) {
 	if err := WriteTable(&b, cfg, results); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | grpc echo | pooled |"} {
+	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | retryd | grpc echo | pooled |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

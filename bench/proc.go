@@ -26,9 +26,12 @@ const userHZ = 100
 type process struct {
 	name string
 	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
-	logs *lockedBuffer
+	// metricsAddr is the HTTP address of the server's /metrics and, when
+	// started with --pprof, /debug/pprof/ ("" when it has none).
+	metricsAddr string
+	cmd         *exec.Cmd
+	done        chan struct{}
+	logs        *lockedBuffer
 }
 
 // build compiles the Go package pkg (relative to dir) into outDir/name.
@@ -60,11 +63,12 @@ func startServing(ctx context.Context, name, bin string, args, env []string) (*p
 		select {
 		case line := <-lines:
 			var rec struct {
-				Msg  string `json:"msg"`
-				Addr string `json:"addr"`
+				Msg         string `json:"msg"`
+				Addr        string `json:"addr"`
+				MetricsAddr string `json:"metrics_addr"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "serving" && rec.Addr != "" {
-				p.addr = rec.Addr
+				p.addr, p.metricsAddr = rec.Addr, rec.MetricsAddr
 				return p, nil
 			}
 		case <-p.done:

@@ -29,35 +29,49 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 	if len(firstErrs) > 0 {
 		b.WriteString("\nFirst error of each phase with errors:\n\n" + strings.Join(firstErrs, "\n") + "\n")
 	}
-	b.WriteString("\n| mode | retryd vs | round | CPU / call ratio | rps ratio | p99 ratio |\n| --- | --- | --- | ---: | ---: | ---: |\n")
+	// Every retryd build (retryd, retryd@base) against every other
+	// target; retryd@base is compared with the baselines only.
+	b.WriteString("\n| mode | target | vs | round | CPU / call ratio | rps ratio | p99 ratio |\n| --- | --- | --- | --- | ---: | ---: | ---: |\n")
+	targets := uniq(results, func(r Result) string { return r.Target })
 	for _, mode := range uniq(results, func(r Result) string { return r.Mode }) {
-		for _, base := range uniq(results, func(r Result) string { return r.Target }) {
-			if base == "retryd" {
+		for _, subject := range targets {
+			if !strings.HasPrefix(subject, "retryd") {
 				continue
 			}
-			var aCPU, bCPU float64
-			var aCalls, bCalls int64
-			var aSec, bSec float64
-			for round := 1; round <= cfg.Rounds; round++ {
-				a, okA := find(results, "retryd", mode, round)
-				o, okB := find(results, base, mode, round)
-				if !okA || !okB || o.Calls == 0 || a.Calls == 0 {
+			for _, base := range targets {
+				if base == subject || subject != "retryd" && strings.HasPrefix(base, "retryd") {
 					continue
 				}
-				fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f |\n", mode, base, round,
-					ratio(a.CPUPerCall(), o.CPUPerCall()), a.RPS()/o.RPS(), ratio(a.P99, o.P99))
-				aCPU, bCPU = aCPU+a.ServerCPU, bCPU+o.ServerCPU
-				aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
-				aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
-			}
-			if aCalls > 0 && bCalls > 0 && bCPU > 0 {
-				fmt.Fprintf(&b, "| %s | %s | pooled | %.2f | %.2f | |\n", mode, base,
-					(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aCalls)/aSec)/(float64(bCalls)/bSec))
+				writeRatios(&b, cfg, results, mode, subject, base)
 			}
 		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRatios writes subject's ratios to base in mode, per round and
+// pooled over the rounds.
+func writeRatios(b *strings.Builder, cfg Config, results []Result, mode, subject, base string) {
+	var aCPU, bCPU float64
+	var aCalls, bCalls int64
+	var aSec, bSec float64
+	for round := 1; round <= cfg.Rounds; round++ {
+		a, okA := find(results, subject, mode, round)
+		o, okB := find(results, base, mode, round)
+		if !okA || !okB || o.Calls == 0 || a.Calls == 0 {
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %d | %.2f | %.2f | %.2f |\n", mode, subject, base, round,
+			ratio(a.CPUPerCall(), o.CPUPerCall()), a.RPS()/o.RPS(), ratio(a.P99, o.P99))
+		aCPU, bCPU = aCPU+a.ServerCPU, bCPU+o.ServerCPU
+		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
+		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
+	}
+	if aCalls > 0 && bCalls > 0 && bCPU > 0 {
+		fmt.Fprintf(b, "| %s | %s | %s | pooled | %.2f | %.2f | |\n", mode, subject, base,
+			(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aCalls)/aSec)/(float64(bCalls)/bSec))
+	}
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }

@@ -27,6 +27,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -39,6 +40,12 @@ type Policies struct {
 	named     map[string]*policy.Policy
 	providers map[string]*policy.Policy
 	fallback  *policy.Policy
+
+	// fleet is the file's fleet block over fleet.DefaultConfig, nil when
+	// the file has none; providerFleet holds providers' own blocks, each
+	// over fleet (or the defaults).
+	fleet         *fleet.Config
+	providerFleet map[string]fleet.Config
 }
 
 // Default returns the policies of a server with no policy file: the
@@ -111,10 +118,12 @@ type file struct {
 	Policies      map[string]json.RawMessage `json:"policies"`
 	Providers     map[string]provider        `json:"providers"`
 	DefaultPolicy json.RawMessage            `json:"defaultPolicy"`
+	Fleet         json.RawMessage            `json:"fleet"`
 }
 
 type provider struct {
 	RetryPolicy json.RawMessage `json:"retryPolicy"`
+	Fleet       json.RawMessage `json:"fleet"`
 }
 
 // Parse validates a policy file's YAML (or JSON) content. Unknown keys are
@@ -143,11 +152,31 @@ func Parse(data []byte) (*Policies, error) {
 		}
 		ps.named[name] = p
 	}
+	base := fleet.DefaultConfig()
+	if len(f.Fleet) > 0 && string(f.Fleet) != "null" {
+		c, err := parseFleet("fleet", f.Fleet, base)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			ps.fleet, base = &c, c
+		}
+	}
+	ps.providerFleet = map[string]fleet.Config{}
 	for _, name := range sortedKeys(f.Providers) {
+		if raw := f.Providers[name].Fleet; len(raw) > 0 && string(raw) != "null" {
+			c, err := parseFleet("providers."+name+".fleet", raw, base)
+			if err != nil {
+				errs = append(errs, err)
+			} else {
+				ps.providerFleet[name] = c
+			}
+		}
 		field := "providers." + name + ".retryPolicy"
 		if len(f.Providers[name].RetryPolicy) == 0 {
-			errs = append(errs, &FieldError{Field: field, Message: "required"})
-			continue
+			if len(f.Providers[name].Fleet) == 0 {
+				errs = append(errs, &FieldError{Field: field, Message: "required (or a fleet block)"})
+			}
+			continue // the provider keeps the default policy
 		}
 		p, err := parsePolicy(field, f.Providers[name].RetryPolicy)
 		if err != nil {

@@ -5,10 +5,13 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/retryd/retryd/config"
+	"github.com/retryd/retryd/fleet"
 	"github.com/retryd/retryd/policy"
 )
 
@@ -292,4 +295,70 @@ func TestDuplicateKeysAreRefused(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `key "a" already set`) {
 		t.Fatalf("a policy given twice: %v, want an error naming the key", err)
 	}
+}
+
+func TestFleetBlocks(t *testing.T) {
+	ps, err := config.Parse([]byte(`
+fleet:
+  capacity: 50
+  refillPerSecond: 2
+providers:
+  deepseek:
+    fleet: {openForMs: 10000, successCredit: 0.5}
+  openai:
+    retryPolicy: {maxRetries: 3}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, ok := ps.Fleet("deepseek")
+	if !ok || ds.Capacity != 50 || ds.RefillPerSecond != 2 || ds.OpenFor != 10*time.Second || ds.SuccessCredit != 0.5 ||
+		ds.MinSamples != fleet.DefaultMinSamples {
+		t.Errorf("deepseek: %+v %v: want its block over the file's over the defaults", ds, ok)
+	}
+	if p := ps.ForProvider("deepseek"); p.Key != config.Default().ForProvider("x").Key {
+		t.Errorf("deepseek without retryPolicy: policy %s, want the default", p.Key)
+	}
+	oa, ok := ps.Fleet("openai")
+	if !ok || oa.Capacity != 50 || oa.OpenFor != fleet.DefaultOpenFor {
+		t.Errorf("openai: %+v %v: want the file's block", oa, ok)
+	}
+	if _, ok := config.Default().Fleet("openai"); ok {
+		t.Error("a server without a fleet block protects providers; fleet protection must be opt-in")
+	}
+
+	_, err = config.Parse([]byte(`
+fleet: {capacity: 0.5, windowMs: 99999999999, bogus: 1}
+providers:
+  deepseek:
+    fleet: {failureThreshold: 2}
+`))
+	var fields []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		for _, x := range flatten(e) {
+			var fe *config.FieldError
+			if errors.As(x, &fe) {
+				fields = append(fields, fe.Field)
+			}
+		}
+	}
+	want := []string{"fleet", "providers.deepseek.fleet.failureThreshold"}
+	if !reflect.DeepEqual(fields, want) {
+		t.Errorf("fields %v, want %v (err %v)", fields, want, err)
+	}
+	_, err = config.Parse([]byte("fleet: {capacity: 0.5, windowMs: 99999999999}"))
+	if err == nil || !strings.Contains(err.Error(), "fleet.capacity") || !strings.Contains(err.Error(), "fleet.windowMs") {
+		t.Errorf("bad values: %v, want both fields named", err)
+	}
+}
+
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
 }

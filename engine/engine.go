@@ -18,6 +18,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
@@ -104,10 +105,33 @@ type Retry struct {
 	Cancelled *retrydv1.RetryCancelled
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
-	// Done is closed once the retry is terminal and the store committed the
-	// transition (Session.Commit).
-	Done  chan struct{}
-	chain *Chain
+	// done is made by the first Done call of a retry that is not yet
+	// committed terminal, closed by Commit and then dropped: a retry
+	// nobody awaits never has a channel, a settled one no longer holds it.
+	done      chan struct{}
+	committed bool // terminal, and Commit released it
+	chain     *Chain
+}
+
+// closedDone is the Done channel of every committed terminal retry.
+var closedDone = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// Done returns a channel that is closed once the retry is terminal and the
+// store committed the transition (Session.Commit). Call it with the
+// session held as for any transition (the store's lock); receive from the
+// channel without it.
+func (r *Retry) Done() <-chan struct{} {
+	if r.committed {
+		return closedDone
+	}
+	if r.done == nil {
+		r.done = make(chan struct{})
+	}
+	return r.done
 }
 
 // State snapshots the retry for the API.
@@ -134,9 +158,72 @@ func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 	return nil
 }
 
+// stepRecord is the answer to one (turn, step, downstream phase) report,
+// kept so that the same report again gets the same answer. It keeps the
+// decision's event (the log's own record, numbered once the store appends
+// it) and not the response: a FailedStepResponse is that event plus a
+// decision whose every field is also in the event, so responseOf rebuilds
+// it, and an idle session does not hold a second copy of its decision.
 type stepRecord struct {
+	phase       retrydv1.Downstream
 	fingerprint [sha256.Size]byte
-	response    *retrydv1.FailedStepResponse
+	event       *retrydv1.Event
+	// response is set only for a restored record whose stored response is
+	// not the one responseOf builds; it is answered as stored.
+	response *retrydv1.FailedStepResponse
+}
+
+// Response is the recorded answer.
+func (r *stepRecord) Response() *retrydv1.FailedStepResponse {
+	if r.response != nil {
+		return r.response
+	}
+	return responseOf(r.event)
+}
+
+// responseOf builds the FailedStepResponse of a decision from its event (a
+// RetryScheduled or RetryDelegated): the decision repeats the event's
+// fields, sharing its messages (due time, budget).
+func responseOf(ev *retrydv1.Event) *retrydv1.FailedStepResponse {
+	switch k := ev.GetKind().(type) {
+	case *retrydv1.Event_Scheduled:
+		// The response, its decision, the oneof and the schedule live and
+		// die together: one allocation.
+		sc := k.Scheduled
+		x := new(struct {
+			resp     retrydv1.FailedStepResponse
+			decision retrydv1.Decision
+			outcome  retrydv1.Decision_Schedule
+			schedule retrydv1.Schedule
+		})
+		x.schedule.RetryId = sc.GetRetryId()
+		x.schedule.RetryNumber = sc.GetRetryNumber()
+		x.schedule.MaxRetries = sc.MaxRetries
+		x.schedule.DelayMs = sc.GetDelayMs()
+		x.schedule.DelaySource = sc.GetDelaySource()
+		x.schedule.Detail = sc.GetDetail()
+		x.schedule.DueAt = sc.GetDueAt()
+		x.schedule.PolicyKey = sc.GetPolicyKey()
+		x.schedule.Mode = sc.GetMode()
+		x.outcome.Schedule = &x.schedule
+		x.decision.Outcome = &x.outcome
+		x.resp.Decision, x.resp.Event = &x.decision, ev
+		return &x.resp
+	case *retrydv1.Event_Delegated:
+		dg := k.Delegated
+		x := new(struct {
+			resp     retrydv1.FailedStepResponse
+			decision retrydv1.Decision
+			outcome  retrydv1.Decision_Delegate
+			delegate retrydv1.Delegate
+		})
+		x.delegate.Reason, x.delegate.Detail = dg.GetReason(), dg.GetDetail()
+		x.outcome.Delegate = &x.delegate
+		x.decision.Outcome = &x.outcome
+		x.resp.Decision, x.resp.Event = &x.decision, ev
+		return &x.resp
+	}
+	return &retrydv1.FailedStepResponse{Event: ev}
 }
 
 type position struct{ turn, step uint64 }
@@ -152,18 +239,77 @@ type Session struct {
 
 	latest     position
 	seen       bool
-	records    map[retrydv1.Downstream]*stepRecord // for the latest position only
-	chains     map[ChainKey]*Chain
+	records    []stepRecord // for the latest position only, by phase
+	chains     []*Chain     // by key (chainOrder); most sessions have one
 	pending    *Retry
 	delegation *position // always mode: a downstream_first answer awaiting its follow-up
 	cancelled  *position // a delegation cancelled at this position
 	retries    []*Retry  // oldest first, at most MaxRetainedRetries
-	settled    []*Retry  // terminal since the last Commit; their Done is still open
+	settled    []*Retry  // terminal since the last Commit; not yet released
+	// stamp is the timestamp of the latest event, shared by the events
+	// (and Started records) of transitions at the same instant.
+	stamp *timestamppb.Timestamp
 }
 
 // NewSession returns an empty session.
 func NewSession(id string, now time.Time) *Session {
-	return &Session{ID: id, Updated: now, chains: make(map[ChainKey]*Chain)}
+	return &Session{ID: id, Updated: now}
+}
+
+func chainOrder(c *Chain, k ChainKey) int {
+	return cmp.Or(cmp.Compare(c.Key.Provider, k.Provider), cmp.Compare(c.Key.PolicyKey, k.PolicyKey))
+}
+
+// chain returns the session's chain with key k, or nil.
+func (s *Session) chain(k ChainKey) *Chain {
+	if i, ok := slices.BinarySearchFunc(s.chains, k, chainOrder); ok {
+		return s.chains[i]
+	}
+	return nil
+}
+
+// addChain adds a chain whose key the session does not have yet.
+func (s *Session) addChain(c *Chain) {
+	i, _ := slices.BinarySearchFunc(s.chains, c.Key, chainOrder)
+	s.chains = slices.Insert(s.chains, i, c)
+}
+
+// record returns the latest position's record of phase, or nil.
+func (s *Session) record(phase retrydv1.Downstream) *stepRecord {
+	for i := range s.records {
+		if s.records[i].phase == phase {
+			return &s.records[i]
+		}
+	}
+	return nil
+}
+
+// setRecord records the answer of a phase not recorded yet, keeping the
+// records in phase order.
+func (s *Session) setRecord(rec stepRecord) {
+	i := 0
+	for i < len(s.records) && s.records[i].phase < rec.phase {
+		i++
+	}
+	s.records = slices.Insert(s.records, i, rec)
+}
+
+// clearRecords forgets the records of an older position, keeping their
+// storage for the next ones.
+func (s *Session) clearRecords() {
+	clear(s.records)
+	s.records = s.records[:0]
+}
+
+// timestamp returns now as a message, the same one as for the session's
+// previous event when that happened at the same instant. Messages in
+// records are never modified, so sharing one is safe.
+func (s *Session) timestamp(now time.Time) *timestamppb.Timestamp {
+	if ts := s.stamp; ts != nil && ts.GetSeconds() == now.Unix() && ts.GetNanos() == int32(now.Nanosecond()) {
+		return ts
+	}
+	s.stamp = timestamppb.New(now)
+	return s.stamp
 }
 
 // Pending returns the session's scheduled retry that has not yet started or
@@ -193,6 +339,16 @@ type Failure struct {
 	// BackoffTrace is the W3C traceparent of the backoff span the service
 	// opened for a retry this failure may schedule.
 	BackoffTrace string
+	// Fleet, when set, sees the policy's decision of a new (not replayed)
+	// failure and may delegate it or lengthen its delay.
+	Fleet FleetHook
+}
+
+// FleetHook is fleet protection as the engine sees it: told of every new
+// decision a policy made, it answers the decision to apply (package fleet's
+// budget, circuit and fleet-wide pacing, kept by the service).
+type FleetHook interface {
+	Decided(p *policy.Policy, a policy.Attempt, d policy.Decision, now time.Time) policy.Decision
 }
 
 // FailOutcome is what Fail changed.
@@ -209,12 +365,18 @@ type FailOutcome struct {
 	PreviousAttempts []string
 }
 
+// fingerprintBufs are encoding buffers for fingerprint.
+var fingerprintBufs = sync.Pool{New: func() any { return new([]byte) }}
+
 func fingerprint(req *retrydv1.FailedStepRequest) [sha256.Size]byte {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	buf := fingerprintBufs.Get().(*[]byte)
+	defer fingerprintBufs.Put(buf)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend((*buf)[:0], req)
 	if err != nil {
 		// A validated request always marshals; fall back to the text form.
-		b = []byte(req.String())
+		b = append((*buf)[:0], req.String()...)
 	}
+	*buf = b
 	return sha256.Sum256(b)
 }
 
@@ -235,13 +397,13 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 	fp := fingerprint(req)
 
 	if s.seen && pos == s.latest {
-		if rec := s.records[phase]; rec != nil {
+		if rec := s.record(phase); rec != nil {
 			if rec.fingerprint != fp {
 				return FailOutcome{}, errorf(KindConflict,
 					"turn %d step %d (downstream %s) was already reported with different content",
 					pos.turn, pos.step, phase)
 			}
-			return FailOutcome{Response: rec.response}, nil
+			return FailOutcome{Response: rec.Response()}, nil
 		}
 	}
 	if s.seen && pos.less(s.latest) {
@@ -261,29 +423,29 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 
 	if !s.seen || s.latest.less(pos) {
 		s.latest, s.seen = pos, true
-		s.records = nil
+		s.clearRecords()
 		s.delegation, s.cancelled = nil, nil
 	}
 
 	var out FailOutcome
-	resp := &retrydv1.FailedStepResponse{}
+	var ev *retrydv1.Event // the decision's: scheduled or delegated
 	if f.Policy == nil {
-		resp.Decision, resp.Event = s.delegated(env, f, phase, policy.Decision{
+		ev = s.delegated(env, f, phase, policy.Decision{
 			Reason: retrydv1.DelegateReason_DELEGATE_REASON_NO_PROVIDER,
 			Detail: "the failure happened before any provider adapter was selected",
 		})
-		out.Events = append(out.Events, resp.Event)
+		out.Events = append(out.Events, ev)
 	} else {
 		p := f.Policy
 		key := ChainKey{Provider: req.GetProvider(), PolicyKey: p.Key}
-		chain := s.chains[key]
+		chain := s.chain(key)
 		var used uint32
 		if chain != nil && chain.Open {
 			used = chain.Retries
 			out.PreviousAttempts = slices.Clone(chain.attempts)
 		}
 		deadline, hasDeadline := deadlineOf(req)
-		d := p.Decide(policy.Attempt{
+		a := policy.Attempt{
 			Retries:     used,
 			Code:        req.GetFailure().GetCode(),
 			RetryAfter:  f.RetryAfter,
@@ -291,10 +453,15 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 			Replay:      req.GetReplay(),
 			Deadline:    deadline,
 			HasDeadline: hasDeadline,
-		}, env.Now, env.Rand)
+		}
+		d := p.Decide(a, env.Now, env.Rand)
+		if f.Fleet != nil {
+			d = f.Fleet.Decided(p, a, d, env.Now)
+		}
 		if p.Mode == retrydv1.Mode_MODE_ALWAYS {
 			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
-				s.delegation = &pos
+				at := pos // only this branch keeps a pointer: pos stays on the stack
+				s.delegation = &at
 			} else if s.delegation != nil && *s.delegation == pos {
 				s.delegation = nil
 			}
@@ -302,7 +469,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 		if d.Schedule {
 			if chain == nil {
 				chain = &Chain{Key: key, Mode: p.Mode}
-				s.chains[key] = chain
+				s.addChain(chain)
 			}
 			if !chain.Open {
 				chain.Open, chain.Retries, chain.attempts = true, 0, nil
@@ -317,34 +484,27 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 				chain.Max = &p.MaxRetries
 			}
 			r := s.schedule(env, f, chain, d)
-			resp.Decision = &retrydv1.Decision{Outcome: &retrydv1.Decision_Schedule{Schedule: &retrydv1.Schedule{
-				RetryId:     r.ID,
-				RetryNumber: d.RetryNumber,
-				MaxRetries:  r.Scheduled.MaxRetries,
-				DelayMs:     d.DelayMs,
-				DelaySource: d.Source,
-				DueAt:       r.Scheduled.DueAt,
-				PolicyKey:   p.Key,
-				Mode:        p.Mode,
-			}}}
-			resp.Event = s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Scheduled{Scheduled: r.Scheduled}})
-			out.Events = append(out.Events, resp.Event)
+			x := new(struct { // the event and its oneof: one allocation
+				ev   retrydv1.Event
+				kind retrydv1.Event_Scheduled
+			})
+			x.kind.Scheduled = r.Scheduled
+			x.ev.Kind = &x.kind
+			ev = s.event(env, &x.ev)
+			out.Events = append(out.Events, ev)
 			out.Scheduled = r
 			out.Forgotten = s.retain(r)
 		} else {
-			resp.Decision, resp.Event = s.delegated(env, f, phase, d)
-			out.Events = append(out.Events, resp.Event)
+			ev = s.delegated(env, f, phase, d)
+			out.Events = append(out.Events, ev)
 			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED && chain != nil && chain.Open {
 				out.Events = append(out.Events, s.closeChain(env, chain, retrydv1.CloseReason_CLOSE_REASON_EXHAUSTED))
 			}
 		}
 	}
-	if s.records == nil {
-		s.records = make(map[retrydv1.Downstream]*stepRecord, 1)
-	}
-	s.records[phase] = &stepRecord{fingerprint: fp, response: resp}
+	s.setRecord(stepRecord{phase: phase, fingerprint: fp, event: ev})
 	s.Updated = env.Now
-	out.Response = resp
+	out.Response = responseOf(ev)
 	return out, nil
 }
 
@@ -355,24 +515,26 @@ func deadlineOf(req *retrydv1.FailedStepRequest) (time.Time, bool) {
 	return req.GetDeadline().AsTime(), true
 }
 
-func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d policy.Decision) (*retrydv1.Decision, *retrydv1.Event) {
+// delegated returns the event of a delegation.
+func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d policy.Decision) *retrydv1.Event {
 	req := f.Request
-	ev := &retrydv1.RetryDelegated{
-		Turn:       req.GetTurn(),
-		Step:       req.GetStep(),
-		Provider:   req.GetProvider(),
-		Failure:    req.GetFailure(),
-		Reason:     d.Reason,
-		Detail:     d.Detail,
-		Downstream: phase,
-	}
+	// The event, its oneof and the delegation are one allocation: only the
+	// event refers to the other two.
+	x := new(struct {
+		ev        retrydv1.Event
+		kind      retrydv1.Event_Delegated
+		delegated retrydv1.RetryDelegated
+	})
+	dg := &x.delegated
+	dg.Turn, dg.Step = req.GetTurn(), req.GetStep()
+	dg.Provider, dg.Failure = req.GetProvider(), req.GetFailure()
+	dg.Reason, dg.Detail, dg.Downstream = d.Reason, d.Detail, phase
 	if f.Policy != nil {
-		ev.PolicyKey, ev.Mode = f.Policy.Key, f.Policy.Mode
+		dg.PolicyKey, dg.Mode = f.Policy.Key, f.Policy.Mode
 	}
-	return &retrydv1.Decision{Outcome: &retrydv1.Decision_Delegate{Delegate: &retrydv1.Delegate{
-			Reason: d.Reason, Detail: d.Detail,
-		}}},
-		s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Delegated{Delegated: ev}})
+	x.kind.Delegated = dg
+	x.ev.Kind = &x.kind
+	return s.event(env, &x.ev)
 }
 
 func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) *Retry {
@@ -383,26 +545,24 @@ func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) 
 		SessionID: s.ID,
 		Due:       due,
 		Status:    retrydv1.RetryStatus_RETRY_STATUS_PENDING,
-		Done:      make(chan struct{}),
 		chain:     chain,
 	}
-	r.Scheduled = &retrydv1.RetryScheduled{
-		RetryId:       r.ID,
-		Turn:          req.GetTurn(),
-		Step:          req.GetStep(),
-		LogicalTurnId: req.GetLogicalTurnId(),
-		Provider:      req.GetProvider(),
-		Mode:          p.Mode,
-		PolicyKey:     p.Key,
-		Failure:       req.GetFailure(),
-		RetryNumber:   d.RetryNumber,
-		MaxRetries:    chain.Max,
-		DelayMs:       d.DelayMs,
-		DelaySource:   d.Source,
-		DueAt:         timestamppb.New(due),
-		Policy:        p.SharedProto(),
-		Traceparent:   f.BackoffTrace,
-	}
+	// The record and its due time are one allocation: nothing else
+	// refers to the due time for longer than to the record.
+	x := new(struct {
+		sc  retrydv1.RetryScheduled
+		due timestamppb.Timestamp
+	})
+	x.due.Seconds, x.due.Nanos = due.Unix(), int32(due.Nanosecond())
+	sc := &x.sc
+	sc.RetryId = r.ID
+	sc.Turn, sc.Step, sc.LogicalTurnId = req.GetTurn(), req.GetStep(), req.GetLogicalTurnId()
+	sc.Provider, sc.Mode, sc.PolicyKey = req.GetProvider(), p.Mode, p.Key
+	sc.Failure = req.GetFailure()
+	sc.RetryNumber, sc.MaxRetries = d.RetryNumber, chain.Max
+	sc.DelayMs, sc.DelaySource, sc.DueAt, sc.Detail = d.DelayMs, d.Source, &x.due, d.Detail
+	sc.Policy, sc.Traceparent = p.SharedProto(), f.BackoffTrace
+	r.Scheduled = sc
 	chain.Retries = d.RetryNumber
 	chain.Latest = r
 	chain.Updated = env.Now
@@ -424,16 +584,22 @@ func (s *Session) retain(r *Retry) (forgotten []*Retry) {
 // sequence when it appends it.
 func (s *Session) event(env Env, ev *retrydv1.Event) *retrydv1.Event {
 	ev.SessionId = s.ID
-	ev.Time = timestamppb.New(env.Now)
+	ev.Time = s.timestamp(env.Now)
 	return ev
 }
 
 func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *retrydv1.Event {
 	c.Open = false
 	c.Updated = env.Now
-	return s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Closed{Closed: &retrydv1.ChainClosed{
-		Provider: c.Key.Provider, PolicyKey: c.Key.PolicyKey, Reason: reason, Retries: c.Retries,
-	}}})
+	x := new(struct { // the event, its oneof and the record: one allocation
+		ev     retrydv1.Event
+		kind   retrydv1.Event_Closed
+		closed retrydv1.ChainClosed
+	})
+	x.closed.Provider, x.closed.PolicyKey, x.closed.Reason, x.closed.Retries = c.Key.Provider, c.Key.PolicyKey, reason, c.Retries
+	x.kind.Closed = &x.closed
+	x.ev.Kind = &x.kind
+	return s.event(env, &x.ev)
 }
 
 // Start records that r's backoff ended with an awaiter present. It reports
@@ -447,7 +613,7 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED
 	r.Started = &retrydv1.RetryStarted{
 		RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(),
-		RetryNumber: sc.GetRetryNumber(), StartedAt: timestamppb.New(env.Now),
+		RetryNumber: sc.GetRetryNumber(), StartedAt: s.timestamp(env.Now),
 		Traceparent: sc.GetTraceparent(),
 	}
 	if s.pending == r {
@@ -456,7 +622,13 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	r.chain.Updated = env.Now
 	s.Updated = env.Now
 	s.settled = append(s.settled, r)
-	return s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Started{Started: r.Started}}), true
+	x := new(struct { // the event and its oneof: one allocation
+		ev   retrydv1.Event
+		kind retrydv1.Event_Started
+	})
+	x.kind.Started = r.Started
+	x.ev.Kind = &x.kind
+	return s.event(env, &x.ev), true
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
@@ -476,7 +648,14 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 	}
 	s.Updated = env.Now
 	s.settled = append(s.settled, r)
-	evs := []*retrydv1.Event{s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: r.Cancelled}})}
+	x := new(struct { // the event and its oneof: one allocation
+		ev   retrydv1.Event
+		kind retrydv1.Event_Cancelled
+	})
+	x.kind.Cancelled = r.Cancelled
+	x.ev.Kind = &x.kind
+	evs := make([]*retrydv1.Event, 1, 2)
+	evs[0] = s.event(env, &x.ev)
 	if r.chain.Open && r.chain.Latest == r {
 		evs = append(evs, s.closeChain(env, r.chain, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
 	}
@@ -488,8 +667,8 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 // retries it touched and whether a delegation was closed.
 func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation bool, evs []*retrydv1.Event) {
 	if r := s.pending; r != nil {
-		evs = append(evs, s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)...)
-		states = append(states, r.State())
+		evs = s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)
+		states = []*retrydv1.RetryState{r.State()}
 	}
 	if d := s.delegation; d != nil {
 		evs = append(evs, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
@@ -521,7 +700,7 @@ func (s *Session) Succeed(env Env, turn, step uint64) ([]*retrydv1.ChainClosed, 
 	}
 	if !s.seen || s.latest.less(pos) {
 		s.latest, s.seen = pos, true
-		s.records = nil
+		s.clearRecords()
 		s.cancelled = nil
 	}
 	s.delegation = nil
@@ -538,16 +717,9 @@ func (s *Session) Succeed(env Env, turn, step uint64) ([]*retrydv1.ChainClosed, 
 	return closed, evs, nil
 }
 
-func (s *Session) sortedChains() []*Chain {
-	out := make([]*Chain, 0, len(s.chains))
-	for _, c := range s.chains {
-		out = append(out, c)
-	}
-	slices.SortFunc(out, func(a, b *Chain) int {
-		return cmp.Or(cmp.Compare(a.Key.Provider, b.Key.Provider), cmp.Compare(a.Key.PolicyKey, b.Key.PolicyKey))
-	})
-	return out
-}
+// sortedChains returns the session's chains in key order; callers must not
+// modify the slice.
+func (s *Session) sortedChains() []*Chain { return s.chains }
 
 // Chains snapshots the session for GetChains.
 func (s *Session) Chains() *retrydv1.GetChainsResponse {
@@ -597,7 +769,12 @@ func (s *Session) Retries() []*Retry { return s.retries }
 // no agent hears of a start or cancellation that a crash could undo.
 func (s *Session) Commit() {
 	for _, r := range s.settled {
-		close(r.Done)
+		if r.done != nil {
+			close(r.done)
+			r.done = nil
+		}
+		r.committed = true
 	}
-	s.settled = nil
+	clear(s.settled)
+	s.settled = s.settled[:0]
 }

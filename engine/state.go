@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -24,10 +23,10 @@ func (s *Session) Snapshot() *statev1.Session {
 	if s.seen {
 		out.Latest = &statev1.Position{Turn: s.latest.turn, Step: s.latest.step}
 	}
-	for _, phase := range slices.Sorted(maps.Keys(s.records)) {
-		rec := s.records[phase]
+	for i := range s.records { // in phase order
+		rec := &s.records[i]
 		out.Records = append(out.Records, &statev1.StepRecord{
-			Phase: phase, Fingerprint: bytes.Clone(rec.fingerprint[:]), Response: rec.response,
+			Phase: rec.phase, Fingerprint: bytes.Clone(rec.fingerprint[:]), Response: rec.Response(),
 		})
 	}
 	retained := make(map[*Retry]bool, len(s.retries))
@@ -120,15 +119,15 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 		if rec.GetResponse() == nil {
 			return nil, bad("step record (downstream %s) without its response", rec.GetPhase())
 		}
-		if s.records == nil {
-			s.records = make(map[retrydv1.Downstream]*stepRecord, len(snap.GetRecords()))
-		}
-		if s.records[rec.GetPhase()] != nil {
+		if s.record(rec.GetPhase()) != nil {
 			return nil, bad("two step records for downstream %s", rec.GetPhase())
 		}
-		r := &stepRecord{response: rec.GetResponse()}
+		r := stepRecord{phase: rec.GetPhase(), event: rec.GetResponse().GetEvent(), response: rec.GetResponse()}
+		if r.event != nil && proto.Equal(responseOf(r.event), r.response) {
+			r.response = nil // the usual record: keep the event only
+		}
 		copy(r.fingerprint[:], rec.GetFingerprint())
-		s.records[rec.GetPhase()] = r
+		s.setRecord(r)
 	}
 	latest := make(map[*Chain]*statev1.Chain, len(snap.GetChains()))
 	for _, pc := range snap.GetChains() {
@@ -136,7 +135,7 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 			return nil, bad("a chain without its key")
 		}
 		key := ChainKey{Provider: pc.GetKey().GetProvider(), PolicyKey: pc.GetKey().GetPolicyKey()}
-		if s.chains[key] != nil {
+		if s.chain(key) != nil {
 			return nil, bad("two chains %s / %s", key.Provider, key.PolicyKey)
 		}
 		c := &Chain{
@@ -150,7 +149,7 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 		if pc.MaxRetries != nil {
 			c.Max = proto.Uint32(pc.GetMaxRetries())
 		}
-		s.chains[key] = c
+		s.addChain(c)
 		latest[c] = pc
 	}
 	byID := make(map[string]*Retry, len(snap.GetRetries()))
@@ -215,7 +214,7 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 		return nil, fmt.Errorf("engine: restore session %q: a retry without its scheduled record", s.ID)
 	}
 	key := ChainKey{Provider: pr.GetChain().GetProvider(), PolicyKey: pr.GetChain().GetPolicyKey()}
-	chain := s.chains[key]
+	chain := s.chain(key)
 	if chain == nil {
 		return nil, fmt.Errorf("engine: restore session %q: retry %s belongs to unknown chain %s / %s",
 			s.ID, sc.GetRetryId(), key.Provider, key.PolicyKey)
@@ -228,14 +227,13 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 		Status:    pr.GetStatus(),
 		Started:   pr.GetStarted(),
 		Cancelled: pr.GetCancelled(),
-		Done:      make(chan struct{}),
 		chain:     chain,
 	}
 	switch {
 	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && r.Started == nil && r.Cancelled == nil:
 	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_STARTED && r.Started != nil && r.Cancelled == nil,
 		r.Status == retrydv1.RetryStatus_RETRY_STATUS_CANCELLED && r.Cancelled != nil && r.Started == nil:
-		close(r.Done)
+		r.committed = true // recovered terminal: Done is closed
 	default:
 		return nil, fmt.Errorf("engine: restore session %q: retry %s has status %s with started=%t cancelled=%t",
 			s.ID, r.ID, r.Status, r.Started != nil, r.Cancelled != nil)
@@ -268,8 +266,8 @@ type retryValue struct {
 // Checkpoint captures the session for a later Revert.
 func (s *Session) Checkpoint() *Checkpoint {
 	cp := &Checkpoint{session: *s}
-	cp.session.records = maps.Clone(s.records)
-	cp.session.chains = maps.Clone(s.chains)
+	cp.session.records = slices.Clone(s.records)
+	cp.session.chains = slices.Clone(s.chains)
 	cp.session.retries = slices.Clone(s.retries)
 	cp.session.settled = slices.Clone(s.settled)
 	for _, c := range s.chains {

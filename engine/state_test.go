@@ -240,7 +240,7 @@ func roundTrip(t *testing.T, s *Session) *Session {
 	return r
 }
 
-func closed(ch chan struct{}) bool {
+func closed(ch <-chan struct{}) bool {
 	select {
 	case <-ch:
 		return true
@@ -264,8 +264,8 @@ func TestRestoreBehavesIdentically(t *testing.T) {
 			t.Fatalf("before step %d (%s): restored snapshot differs:\n got %v\nwant %v", i, st.name, got, wantSnap)
 		}
 		for _, r := range copies[i].Retries() {
-			if pending := r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING; closed(r.Done) == pending || r.Awaiters != 0 {
-				t.Fatalf("before step %d: restored retry %s (%s) has Done closed=%t, %d awaiters", i, r.ID, r.Status, closed(r.Done), r.Awaiters)
+			if pending := r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING; closed(r.Done()) == pending || r.Awaiters != 0 {
+				t.Fatalf("before step %d: restored retry %s (%s) has Done closed=%t, %d awaiters", i, r.ID, r.Status, closed(r.Done()), r.Awaiters)
 			}
 		}
 		want[i] = st.do(orig, env(i))
@@ -333,7 +333,7 @@ func TestRevertUndoesEveryStep(t *testing.T) {
 		if s.Pending() != pending {
 			t.Fatalf("step %d (%s): the pending retry object changed across a revert", i, st.name)
 		}
-		if pending != nil && closed(pending.Done) {
+		if pending != nil && closed(pending.Done()) {
 			t.Fatalf("step %d (%s): a reverted start or cancel released the awaiters", i, st.name)
 		}
 		again := st.do(s, env(i))
@@ -341,7 +341,7 @@ func TestRevertUndoesEveryStep(t *testing.T) {
 			t.Fatalf("step %d (%s) after a revert answered\n%v %q\nwant\n%v %q", i, st.name, again.msgs, again.err, first.msgs, first.err)
 		}
 		s.Commit()
-		if pending != nil && pending.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING && !closed(pending.Done) {
+		if pending != nil && pending.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING && !closed(pending.Done()) {
 			t.Fatalf("step %d (%s): Commit did not release the awaiters of terminal retry %s", i, st.name, pending.ID)
 		}
 	}

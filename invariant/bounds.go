@@ -87,6 +87,13 @@ func checkBounds(r *reporter, sc *retrydv1.RetryScheduled, subject string) {
 			r.add(RuleDelayOutOfBounds, "%s is retry %d waiting %d ms, but schedule entry %d is %d ms",
 				subject, n, delay, n, schedule[n-1])
 		}
+	case retrydv1.DelaySource_DELAY_SOURCE_FLEET_BUDGET, retrydv1.DelaySource_DELAY_SOURCE_CIRCUIT_OPEN,
+		retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_PACING:
+		// Fleet protection only ever holds a retry up to the policy's cap.
+		if limit := retryAfterCap(mode, p); delay > limit {
+			r.add(RuleDelayOutOfBounds, "%s is retry %d held by fleet protection (%v) for %d ms, over the policy's cap of %d ms",
+				subject, n, source, delay, limit)
+		}
 	case retrydv1.DelaySource_DELAY_SOURCE_TAIL:
 		schedule := scheduleOf(p)
 		switch {
@@ -118,6 +125,11 @@ func sourceAllowed(mode retrydv1.Mode, source retrydv1.DelaySource) bool {
 		return mode == retrydv1.Mode_MODE_NORMAL || mode == retrydv1.Mode_MODE_ALWAYS
 	case retrydv1.DelaySource_DELAY_SOURCE_SCHEDULE, retrydv1.DelaySource_DELAY_SOURCE_TAIL:
 		return mode == retrydv1.Mode_MODE_SCHEDULE
+	case retrydv1.DelaySource_DELAY_SOURCE_FLEET_BUDGET:
+		// Normal mode is delegated when the budget is empty, never paced.
+		return mode == retrydv1.Mode_MODE_ALWAYS || mode == retrydv1.Mode_MODE_SCHEDULE
+	case retrydv1.DelaySource_DELAY_SOURCE_CIRCUIT_OPEN, retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_PACING:
+		return true
 	default:
 		return false
 	}

@@ -50,6 +50,9 @@ type Decision struct {
 }
 
 func delegate(reason retrydv1.DelegateReason, format string, args ...any) Decision {
+	if len(args) == 0 {
+		return Decision{Reason: reason, Detail: format} // a constant: no copy
+	}
 	return Decision{Reason: reason, Detail: fmt.Sprintf(format, args...)}
 }
 

@@ -43,6 +43,10 @@ type Config struct {
 	// MetricsListen is the HTTP address of the Prometheus /metrics endpoint;
 	// empty turns it off (flag --metrics-listen, env RETRYD_METRICS_LISTEN).
 	MetricsListen string
+	// Pprof serves the Go runtime profiles (net/http/pprof, under
+	// /debug/pprof/) on the metrics listener, for profiling a running
+	// server; needs MetricsListen (flag --pprof, env RETRYD_PPROF).
+	Pprof bool
 	// Store is where state lives: "memory" (lost on restart),
 	// "file:DIR", durable in DIR on this node, or "redis://host:port/db",
 	// shared by every replica using that Redis (flag --store, env
@@ -89,6 +93,17 @@ type Config struct {
 	// UnaryTimeout bounds the context of every unary call; streams are not
 	// bounded (flag --unary-timeout, env RETRYD_UNARY_TIMEOUT).
 	UnaryTimeout time.Duration
+
+	// AuthCredentials is the credentials file: tenants, the SHA-256 of
+	// their bearer tokens and the client certificate identities that
+	// authenticate as them (package auth). Empty disables authentication:
+	// every caller is the default tenant (flag --auth-credentials, env
+	// RETRYD_AUTH_CREDENTIALS).
+	AuthCredentials string
+	// AuthReloadInterval is how often the credentials file is checked for
+	// a change (flag --auth-reload-interval, env
+	// RETRYD_AUTH_RELOAD_INTERVAL).
+	AuthReloadInterval time.Duration
 }
 
 // TLSEnabled reports whether the gRPC port speaks TLS.
@@ -137,6 +152,7 @@ func DefaultConfig() Config {
 		MaxConnectionAge:      30 * time.Minute,
 		MaxConnectionAgeGrace: 30 * time.Second,
 		UnaryTimeout:          10 * time.Second,
+		AuthReloadInterval:    5 * time.Second,
 	}
 }
 
@@ -153,6 +169,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error (env RETRYD_LOG_LEVEL)")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
+	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve net/http/pprof under /debug/pprof/ on --metrics-listen (env RETRYD_PPROF)")
 	fs.StringVar(&c.Store, "store", c.Store, "memory, file:DIR for state that survives restarts, or redis://host:port/db shared by replicas (env RETRYD_STORE)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain of the gRPC port; with --tls-key turns TLS on (env RETRYD_TLS_CERT)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert (env RETRYD_TLS_KEY)")
@@ -166,6 +183,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "ask a connection to go away after this; 0: never (env RETRYD_MAX_CONNECTION_AGE)")
 	fs.DurationVar(&c.MaxConnectionAgeGrace, "max-connection-age-grace", c.MaxConnectionAgeGrace, "calls of an aged connection may run this long; 0: unbounded (env RETRYD_MAX_CONNECTION_AGE_GRACE)")
 	fs.DurationVar(&c.UnaryTimeout, "unary-timeout", c.UnaryTimeout, "bound on every unary call; streams are not bounded (env RETRYD_UNARY_TIMEOUT)")
+	fs.StringVar(&c.AuthCredentials, "auth-credentials", c.AuthCredentials, "credentials file (tenants, token hashes, client certificates); empty: no authentication (env RETRYD_AUTH_CREDENTIALS)")
+	fs.DurationVar(&c.AuthReloadInterval, "auth-reload-interval", c.AuthReloadInterval, "how often the credentials file is checked for a change (env RETRYD_AUTH_RELOAD_INTERVAL)")
 }
 
 // EnvNames maps each flag to its environment variable.
@@ -179,6 +198,7 @@ var EnvNames = map[string]string{
 	"log-level":        "RETRYD_LOG_LEVEL",
 	"log-format":       "RETRYD_LOG_FORMAT",
 	"metrics-listen":   "RETRYD_METRICS_LISTEN",
+	"pprof":            "RETRYD_PPROF",
 	"store":            "RETRYD_STORE",
 
 	"tls-cert":                 "RETRYD_TLS_CERT",
@@ -193,6 +213,8 @@ var EnvNames = map[string]string{
 	"max-connection-age":       "RETRYD_MAX_CONNECTION_AGE",
 	"max-connection-age-grace": "RETRYD_MAX_CONNECTION_AGE_GRACE",
 	"unary-timeout":            "RETRYD_UNARY_TIMEOUT",
+	"auth-credentials":         "RETRYD_AUTH_CREDENTIALS",
+	"auth-reload-interval":     "RETRYD_AUTH_RELOAD_INTERVAL",
 }
 
 // ApplyEnv sets every flag of fs that has an environment variable present
@@ -241,6 +263,9 @@ func (c *Config) Validate() error {
 	if c.MetricsListen != "" {
 		checkAddr("metrics-listen", c.MetricsListen)
 	}
+	if c.Pprof && c.MetricsListen == "" {
+		bad("pprof", "true", "needs --metrics-listen: the profiles are served on the metrics listener")
+	}
 	if c.ChainTTL < time.Second {
 		bad("chain-ttl", c.ChainTTL.String(), "must be at least 1s")
 	}
@@ -268,6 +293,7 @@ func (c *Config) Validate() error {
 		bad("store", c.Store, "want memory, file:DIR or redis://host:port/db")
 	}
 	c.validateTransport(bad, checkAddr)
+	c.validateAuth(bad)
 	return errors.Join(errs...)
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/retryd/retryd/config"
@@ -76,6 +77,12 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 			return err
 		}
 	}
+	// So does the credentials file (authentication on); without one,
+	// setupAuth warns that every caller is the default tenant.
+	creds, authOpts, err := setupAuth(c, log)
+	if err != nil {
+		return err
+	}
 
 	// The store opens before the listeners: a store that cannot be opened
 	// (unreachable, locked, another schema version) refuses the start.
@@ -116,17 +123,28 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		store.stop()
 		return err
 	}
-	opts := append(limitOptions(c), grpc.StatsHandler(otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter))))
+	opts := limitOptions(c)
+	// otelgrpc's RPC spans and rpc_server_* metrics exist only when someone
+	// can see them: with tracing on, or a /metrics endpoint. Without
+	// either its per-call work (a metadata copy, attribute sets, a
+	// histogram record) would be pure cost.
+	if tel.TracingEnabled || metricsLis != nil {
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter))))
+	}
 	if certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
 	}
+	opts = append(opts, authOpts...) // the main port only: the health port needs none
 	srv := grpc.NewServer(opts...)
 	retrydv1.RegisterRetryServiceServer(srv, svc)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
+	// A store whose state lives in a server of its own (Redis) is probed:
+	// health reports NOT_SERVING while that server does not answer.
+	stopProbing := probeStore(store.Store, hs, log)
 	reflection.Register(srv)
 	// The health port is plaintext and serves only the same health server,
 	// so NOT_SERVING at shutdown shows on both ports.
@@ -143,6 +161,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 			certs.watch(watchCtx, c.TLSReloadInterval)
 		}
 	}()
+	authWatched := watchAuth(watchCtx, creds, c.AuthReloadInterval)
 
 	observeCtx, stopObserving := context.WithCancel(context.Background())
 	observed := make(chan struct{})
@@ -166,6 +185,13 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	if metricsLis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", tel.Handler)
+		if c.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
@@ -182,6 +208,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
 	}
 	attrs = append(attrs, "tls", c.TLSEnabled(), "mtls", c.MTLSEnabled())
+	attrs = append(attrs, "auth", c.AuthEnabled())
 	if healthLis != nil {
 		attrs = append(attrs, "health_addr", healthLis.Addr().String())
 	}
@@ -196,6 +223,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 
 	start := time.Now()
 	log.Info("shutting down", "timeout", c.ShutdownTimeout)
+	stopProbing()
 	hs.Shutdown() // NOT_SERVING: load balancers stop sending new work
 	store.stop()  // awaiters get Cancelled(shutdown); watchers end
 	stopped := make(chan struct{})
@@ -215,6 +243,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	}
 	stopWatching()
 	<-watched
+	<-authWatched
 	stopObserving()
 	<-observed
 	if metricsSrv != nil {
@@ -275,5 +304,56 @@ func openStore(c Config) (*openedStore, error) {
 		return &openedStore{Store: s, kind: kind, stop: s.Stop, release: s.Close}, nil
 	default:
 		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR or redis://host:port/db"}
+	}
+}
+
+// storeProbeInterval is how often probeStore asks the store.
+const storeProbeInterval = time.Second
+
+// probeStore asks a store that implements service.Pinger every
+// storeProbeInterval whether it can reach its state, and sets the health
+// status of "" and of the RetryService to match: NOT_SERVING while it
+// cannot (its calls fail UNAVAILABLE meanwhile), SERVING again once it
+// can. It logs each change. The returned function stops the probe and
+// waits for it; for other stores it does nothing.
+func probeStore(store service.Store, hs *health.Server, log *slog.Logger) (stop func()) {
+	p, ok := store.(service.Pinger)
+	if !ok {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(storeProbeInterval)
+		defer t.Stop()
+		serving := true
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			pctx, pcancel := context.WithTimeout(ctx, storeProbeInterval)
+			err := p.Ping(pctx)
+			pcancel()
+			if ctx.Err() != nil || (err == nil) == serving {
+				continue
+			}
+			serving = err == nil
+			status := healthpb.HealthCheckResponse_SERVING
+			if serving {
+				log.Info("the store answers again; health reports SERVING")
+			} else {
+				status = healthpb.HealthCheckResponse_NOT_SERVING
+				log.Warn("the store does not answer; health reports NOT_SERVING", "err", err)
+			}
+			hs.SetServingStatus("", status)
+			hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, status)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
 	}
 }

@@ -63,6 +63,18 @@ type Service struct {
 	tp       trace.TracerProvider
 	mp       metric.MeterProvider
 	tel      *instruments
+	// inline shares resolved inline policies between requests that send
+	// the same one (most agents send one policy with every report).
+	inline *policy.Cache
+	// shared holds the providers and failures that sessions keep and
+	// that repeat across them.
+	shared *interner
+	// fleets is fleet protection: per-provider budgets and circuits.
+	fleets *fleets
+	// limits and adm are admission control (admission.go); adm is nil
+	// when nothing is bounded.
+	limits Limits
+	adm    *admission
 }
 
 // Option configures a Service.
@@ -101,7 +113,8 @@ func WithClock(now func() time.Time) Option {
 
 // New returns a Service over store.
 func New(store Store, opts ...Option) (*Service, error) {
-	s := &Service{store: store, policies: config.Default(), log: slog.Default(), now: time.Now}
+	s := &Service{store: store, policies: config.Default(), log: slog.Default(), now: time.Now,
+		inline: policy.NewCache(0), shared: newInterner()}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -110,6 +123,11 @@ func New(store Store, opts ...Option) (*Service, error) {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	s.tel = tel
+	if s.adm, err = newAdmission(s.limits, s.now, s.log, s.mp); err != nil {
+		return nil, fmt.Errorf("service: admission: %w", err)
+	}
+	s.fleets = newFleets(s.policies, func(msg string, args ...any) { s.log.Warn(msg, args...) })
+	tel.onEvent = s.fleetEvent
 	if err := registerStoreGauges(s.mp, store); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
@@ -120,7 +138,7 @@ func New(store Store, opts ...Option) (*Service, error) {
 // starts and cancellations. Run it in one goroutine for the server's life;
 // it returns when ctx ends or the store closes.
 func (s *Service) Observe(ctx context.Context) error {
-	err := s.tel.observe(ctx, s.store)
+	err := s.tel.observe(ctx, s.observed()) // counts for admission control too
 	s.tel.endAll()
 	if errors.Is(err, context.Canceled) || errors.Is(err, ErrShutdown) {
 		return nil
@@ -136,9 +154,23 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	}
 	scope := scopeOf(ctx)
 	req.SessionId = scope + req.SessionId // validated: never already scoped
+	held, err := s.adm.admit(f)
+	if err != nil {
+		s.log.DebugContext(ctx, "failed step refused by admission control", "session", req.GetSessionId(), "err", err)
+		return nil, err
+	}
+	var fh *fleetHook
+	if f.Policy != nil {
+		tenantID, _ := SplitSessionID(scope)
+		if fh = s.fleets.hook(tenantID, req.GetProvider(), s.now()); fh != nil {
+			f.Fleet = fh
+		}
+	}
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
+	s.adm.decided(held, out, err)
+	s.fleets.scheduled(fh, out, err, s.now())
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),
@@ -171,7 +203,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, erro
 	switch src := req.GetPolicySource().(type) {
 	case *retrydv1.FailedStepRequest_Policy:
 		var err error
-		if p, err = policy.Resolve(src.Policy); err != nil {
+		if p, err = s.inline.Resolve(src.Policy); err != nil {
 			v.policy("policy", err)
 		}
 	case *retrydv1.FailedStepRequest_PolicyName:
@@ -197,6 +229,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, erro
 	if req.GetProvider() == "" {
 		p = nil // no provider adapter was selected: delegate
 	}
+	s.shared.intern(req)
 	fl := req.GetFailure()
 	return engine.Failure{
 		Request:    req,
@@ -213,7 +246,12 @@ func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.Re
 		return err
 	}
 	scope := scopeOf(stream.Context())
-	err := s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
+	leave, err := s.adm.await(scope, req.GetRetryId())
+	if err != nil {
+		return err
+	}
+	defer leave()
+	err = s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
 		return stream.Send(unscoped(scope, r))
 	})
 	return toStatus(notFound(err, "no retry "+req.GetRetryId()))
@@ -258,11 +296,14 @@ func (s *Service) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceeded
 	if err := v.err(); err != nil {
 		return nil, err
 	}
-	req.SessionId = scopeOf(ctx) + req.SessionId
+	scope := scopeOf(ctx)
+	req.SessionId = scope + req.SessionId
 	resp, err := s.store.StepSucceeded(ctx, req)
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	tenantID, _ := SplitSessionID(scope)
+	s.fleets.succeeded(tenantID, req.GetProvider(), s.now())
 	return resp, nil
 }
 
@@ -303,6 +344,17 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 		}
 		return stream.Send(&retrydv1.WatchEventsResponse{Event: unscoped(scope, ev)})
 	}))
+}
+
+// fleetEvent lets fleet protection see the event log: a retry that started
+// or was cancelled leaves its provider's queue.
+func (s *Service) fleetEvent(ev *retrydv1.Event) {
+	switch k := ev.GetKind().(type) {
+	case *retrydv1.Event_Started:
+		s.fleets.settled(k.Started.GetRetryId(), s.now())
+	case *retrydv1.Event_Cancelled:
+		s.fleets.settled(k.Cancelled.GetRetryId(), s.now())
+	}
 }
 
 // notFound replaces the message of a store's not-found error with msg,

@@ -53,6 +53,9 @@ const maxProviderLabels = 64
 
 // instruments are the service's tracing and metrics.
 type instruments struct {
+	// onEvent, when set, sees every event of the log as observe follows it.
+	onEvent func(*retrydv1.Event)
+
 	tracer  trace.Tracer
 	enabled bool // spans are recorded: worth extracting trace contexts
 
@@ -68,7 +71,23 @@ type instruments struct {
 	backoffs  map[string]trace.Span // retry id → open backoff span
 	providers map[string]struct{}
 	dues      map[string]time.Time // retry id → due time, for pending retries (observe only)
+	// labels holds each metric attribute set the service has recorded
+	// with, ready to pass to Add: building and sorting a set per call
+	// costs more than the measurement. Bounded like the labels are.
+	labels map[labelKey][]metric.AddOption
 }
+
+// labelKey names one attribute set of one instrument.
+type labelKey struct {
+	instrument          string
+	decision, reason    string
+	provider, mode      string
+	outcome, cancelling string
+}
+
+// noSpan stands in for the decision span when tracing is off: no span is
+// started, no attribute is built.
+var noSpan trace.Span = tracenoop.Span{}
 
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instruments, error) {
 	if tp == nil {
@@ -84,6 +103,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		backoffs:  make(map[string]trace.Span),
 		providers: make(map[string]struct{}),
 		dues:      make(map[string]time.Time),
+		labels:    make(map[labelKey][]metric.AddOption),
 	}
 	m := mp.Meter(instrumentationName)
 	var err error
@@ -139,6 +159,13 @@ func (t *instruments) providerLabel(p string) string {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.providerLabelLocked(p)
+}
+
+func (t *instruments) providerLabelLocked(p string) string {
+	if p == "" {
+		return "none"
+	}
 	if _, ok := t.providers[p]; ok {
 		return p
 	}
@@ -147,6 +174,47 @@ func (t *instruments) providerLabel(p string) string {
 		return p
 	}
 	return "other"
+}
+
+// addOptions returns the options that record k's attribute set, built
+// once per set. The labels' values are bounded (the provider by
+// providerLabel, the others by enums), so the map is too.
+func (t *instruments) addOptions(k labelKey) []metric.AddOption {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.addOptionsLocked(k)
+}
+
+func (t *instruments) addOptionsLocked(k labelKey) []metric.AddOption {
+	if opts, ok := t.labels[k]; ok {
+		return opts
+	}
+	var kvs []attribute.KeyValue
+	switch k.instrument {
+	case "attempts":
+		kvs = []attribute.KeyValue{attribute.String("provider", k.provider)}
+	case "decisions":
+		kvs = []attribute.KeyValue{attribute.String("decision", k.decision),
+			attribute.String("reason", k.reason), attribute.String("provider", k.provider), attribute.String("mode", k.mode)}
+	case "operations":
+		kvs = []attribute.KeyValue{attribute.String("outcome", k.outcome), attribute.String("provider", k.provider)}
+	case "cancelled":
+		kvs = []attribute.KeyValue{attribute.String("reason", k.cancelling)}
+	}
+	opts := []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
+	t.labels[k] = opts
+	return opts
+}
+
+// decisionOptions returns the provider label of a decision and the
+// options of its attempts and decisions measurements, under one lock.
+func (t *instruments) decisionOptions(provider, decision, reason, mode string) (label string, attempts, decisions []metric.AddOption) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	label = t.providerLabelLocked(provider)
+	attempts = t.addOptionsLocked(labelKey{instrument: "attempts", provider: label})
+	decisions = t.addOptionsLocked(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
+	return label, attempts, decisions
 }
 
 // traceparent renders a span context as a W3C traceparent ("" if invalid).
@@ -184,21 +252,19 @@ func callerAttempt(ctx context.Context) string {
 
 // startDecision opens the decision span for a validated failure and, when
 // tracing is on, a backoff span whose traceparent the store records with a
-// retry this decision may schedule.
+// retry this decision may schedule. With tracing off it starts nothing.
 func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (context.Context, trace.Span, trace.Span) {
+	if !t.enabled {
+		return ctx, noSpan, nil
+	}
 	req := f.Request
-	tenantID, sessionID := SplitSessionID(req.GetSessionId())
 	ctx, span := t.tracer.Start(ctx, spanDecide, trace.WithAttributes(
-		attrTenantID.String(tenantID),
-		attrSessionID.String(sessionID),
+		attrSessionID.String(req.GetSessionId()),
 		attrTurn.Int64(int64(req.GetTurn())),
 		attrStep.Int64(int64(req.GetStep())),
 		semconv.GenAIProviderNameKey.String(req.GetProvider()),
 		semconv.ErrorTypeKey.String(req.GetFailure().GetCode()),
 	))
-	if !t.enabled {
-		return ctx, span, nil
-	}
 	if id := req.GetLogicalTurnId(); id != "" {
 		span.SetAttributes(attrLogicalTurnID.String(id))
 	}
@@ -211,7 +277,8 @@ func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (con
 // endDecision records the outcome on the spans and metrics. The backoff
 // span is kept open until the retry starts or is cancelled (see observe);
 // the one opened for a failure that was not scheduled is ended marked
-// telemetry.DiscardKey, so it is dropped instead of exported.
+// telemetry.DiscardKey, so it is dropped instead of exported. With tracing
+// off only the metrics are recorded.
 func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out engine.FailOutcome, err error,
 	span, backoff trace.Span, began time.Time,
 ) {
@@ -221,22 +288,30 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 		backoff.End()
 	}
 	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
+		if t.enabled {
+			span.SetStatus(codes.Error, err.Error())
+		}
 		return
 	}
 	t.decisionTime.Record(ctx, time.Since(began).Seconds())
-	for _, tp := range out.PreviousAttempts {
-		if sc := parseTraceparent(tp); sc.IsValid() {
-			span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "previous_attempt")}})
+	if t.enabled {
+		for _, tp := range out.PreviousAttempts {
+			if sc := parseTraceparent(tp); sc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "previous_attempt")}})
+			}
+		}
+		if sc := parseTraceparent(f.AttemptTrace); sc.IsValid() {
+			span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "attempt")}})
 		}
 	}
-	if sc := parseTraceparent(f.AttemptTrace); sc.IsValid() {
-		span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("retryd.link", "attempt")}})
-	}
-	provider := t.providerLabel(f.Request.GetProvider())
-	t.attempts.Add(ctx, 1, metric.WithAttributes(attribute.String("provider", provider)))
 	d := out.Response.GetDecision()
 	if s := d.GetSchedule(); s != nil {
+		_, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "schedule", "", modeLabel(s.GetMode()))
+		t.attempts.Add(ctx, 1, attempts...)
+		t.decisions.Add(ctx, 1, decisions...)
+		if !t.enabled {
+			return
+		}
 		attrs := []attribute.KeyValue{
 			attrDecision.String("schedule"),
 			attrRetryID.String(s.GetRetryId()),
@@ -250,11 +325,8 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 			attrs = append(attrs, attrRetryMax.Int64(int64(s.GetMaxRetries())))
 		}
 		span.SetAttributes(attrs...)
-		t.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("decision", "schedule"),
-			attribute.String("reason", ""), attribute.String("provider", provider), attribute.String("mode", modeLabel(s.GetMode()))))
 		if backoff != nil && out.Scheduled != nil {
-			tenantID, sessionID := SplitSessionID(f.Request.GetSessionId())
-			backoff.SetAttributes(append(attrs[1:], attrTenantID.String(tenantID), attrSessionID.String(sessionID))...)
+			backoff.SetAttributes(append(attrs[1:], attrSessionID.String(f.Request.GetSessionId()))...)
 			t.mu.Lock()
 			t.backoffs[s.GetRetryId()] = backoff
 			t.mu.Unlock()
@@ -262,21 +334,25 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 		return
 	}
 	dg := d.GetDelegate()
-	span.SetAttributes(attrDecision.String("delegate"), attrReason.String(dg.GetReason().String()))
-	if ev := out.Response.GetEvent().GetDelegated(); ev.GetPolicyKey() != "" {
-		span.SetAttributes(attrPolicyKey.String(ev.GetPolicyKey()), attrMode.String(ev.GetMode().String()))
-	}
-	if dg.GetReason() == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED {
-		span.SetStatus(codes.Error, dg.GetDetail())
-	}
-	mode := out.Response.GetEvent().GetDelegated().GetMode()
-	t.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("decision", "delegate"),
-		attribute.String("reason", reasonLabel(dg.GetReason())), attribute.String("provider", provider), attribute.String("mode", modeLabel(mode))))
+	ev := out.Response.GetEvent().GetDelegated()
+	provider, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "delegate", reasonLabel(dg.GetReason()), modeLabel(ev.GetMode()))
+	t.attempts.Add(ctx, 1, attempts...)
+	t.decisions.Add(ctx, 1, decisions...)
 	switch dg.GetReason() {
 	case retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST:
 		// Not the end of the operation: the same step comes back.
 	default:
-		t.operations.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", "delegated"), attribute.String("provider", provider)))
+		t.operations.Add(ctx, 1, t.addOptions(labelKey{instrument: "operations", outcome: "delegated", provider: provider})...)
+	}
+	if !t.enabled {
+		return
+	}
+	span.SetAttributes(attrDecision.String("delegate"), attrReason.String(dg.GetReason().String()))
+	if ev.GetPolicyKey() != "" {
+		span.SetAttributes(attrPolicyKey.String(ev.GetPolicyKey()), attrMode.String(ev.GetMode().String()))
+	}
+	if dg.GetReason() == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED {
+		span.SetStatus(codes.Error, dg.GetDetail())
 	}
 }
 
@@ -287,6 +363,9 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 func (t *instruments) observe(ctx context.Context, store Store) error {
 	began := time.Now()
 	return store.WatchEvents(ctx, &retrydv1.WatchEventsRequest{}, func(ev *retrydv1.Event) error {
+		if t.onEvent != nil {
+			t.onEvent(ev)
+		}
 		if ev.GetTime().AsTime().Before(began) {
 			// A durable store replays what happened before this process
 			// started: learn the pending retries' due times, count nothing.
@@ -320,7 +399,7 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 		case *retrydv1.Event_Cancelled:
 			c := k.Cancelled
 			delete(t.dues, c.GetRetryId())
-			t.cancelled.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", cancelLabel(c.GetReason()))))
+			t.cancelled.Add(ctx, 1, t.addOptions(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())})...)
 			if span := t.takeBackoff(c.GetRetryId()); span != nil {
 				at := ev.GetTime().AsTime()
 				span.AddEvent("cancelled", trace.WithTimestamp(at), trace.WithAttributes(attrCancelReason.String(c.GetReason().String())))
@@ -328,8 +407,8 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			}
 		case *retrydv1.Event_Closed:
 			if k.Closed.GetReason() == retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED && k.Closed.GetRetries() > 0 {
-				t.operations.Add(ctx, 1, metric.WithAttributes(attribute.String("outcome", "recovered"),
-					attribute.String("provider", t.providerLabel(k.Closed.GetProvider()))))
+				t.operations.Add(ctx, 1, t.addOptions(labelKey{instrument: "operations", outcome: "recovered",
+					provider: t.providerLabel(k.Closed.GetProvider())})...)
 			}
 		}
 		return nil
@@ -367,11 +446,32 @@ func modeLabel(m retrydv1.Mode) string {
 	return "none"
 }
 
+// reasonLabels and cancelLabels are the metric labels of the enums' known
+// values, computed once: a label per decision must not cost an allocation.
+var (
+	reasonLabels = enumLabels(retrydv1.DelegateReason_name, "DELEGATE_REASON_")
+	cancelLabels = enumLabels(retrydv1.CancelReason_name, "CANCEL_REASON_")
+)
+
+func enumLabels(names map[int32]string, prefix string) map[int32]string {
+	out := make(map[int32]string, len(names))
+	for v, name := range names {
+		out[v] = trimPrefix(name, prefix)
+	}
+	return out
+}
+
 func reasonLabel(r retrydv1.DelegateReason) string {
+	if l, ok := reasonLabels[int32(r)]; ok {
+		return l
+	}
 	return trimPrefix(r.String(), "DELEGATE_REASON_")
 }
 
 func cancelLabel(r retrydv1.CancelReason) string {
+	if l, ok := cancelLabels[int32(r)]; ok {
+		return l
+	}
 	return trimPrefix(r.String(), "CANCEL_REASON_")
 }
 

@@ -7,10 +7,13 @@
 // of about the same request size as a FailedStep: HTTP/2 framing, the
 // handler dispatch and a proto decode and encode, and nothing else.
 //
-//	echo [--listen 127.0.0.1:0]
+//	echo [--listen 127.0.0.1:0] [--pprof 127.0.0.1:0]
 //
 // When it serves it logs one JSON line {"msg":"serving","addr":"…"} to
 // stderr, the same line retryd logs, so the harness reads both the same way.
+// With --pprof it also serves net/http/pprof on that address (logged as
+// "metrics_addr", where retryd serves its profiles), so the harness can
+// profile the baseline exactly as it profiles retryd.
 package main
 
 import (
@@ -20,6 +23,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -66,6 +71,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("echo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address; empty: off")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -75,7 +81,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	srv := grpc.NewServer()
 	srv.RegisterService(&echoDesc, struct{}{})
-	line, err := json.Marshal(map[string]string{"msg": "serving", "addr": lis.Addr().String()})
+	serving := map[string]string{"msg": "serving", "addr": lis.Addr().String()}
+	if *pprofAddr != "" {
+		plis, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			lis.Close()
+			return fmt.Errorf("net.Listen --pprof: %w", err)
+		}
+		defer plis.Close()
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		go func() { _ = http.Serve(plis, mux) }()
+		serving["metrics_addr"] = plis.Addr().String()
+	}
+	line, err := json.Marshal(serving)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,9 @@
 //
 //	retryd [serve] [flags]            serve the RetryService (default)
 //	retryd check-config --config F    validate a policy file
+//	retryd check-credentials --auth-credentials F
+//	                                  validate a credentials file
+//	retryd hash-token < TOKEN         print the SHA-256 of a bearer token
 //	retryd verify (--file F | --server ADDR) [--session S]
 //	                                  run the invariant checker over an event log
 //	retryd version                    print the version

@@ -30,13 +30,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, args, getenv, stderr)
 	case "check-config":
 		return checkConfig(args, getenv, stdout, stderr)
+	case "check-credentials":
+		return checkCredentials(args, getenv, stdout, stderr)
+	case "hash-token":
+		return hashToken(args, os.Stdin, stdout, stderr)
 	case "verify":
 		return verify(ctx, args, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "retryd", server.Version)
 		return nil
 	default:
-		return fmt.Errorf("unknown command %q (want serve, check-config, verify or version)", cmd)
+		return fmt.Errorf("unknown command %q (want serve, check-config, check-credentials, hash-token, verify or version)", cmd)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"testing"
 	"time"
 )
@@ -81,6 +82,27 @@ func (ca *CA) Client(t testing.TB, cn string, serial int64) Pair {
 		Subject:      pkix.Name{CommonName: cn},
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
+}
+
+// ClientIdentity issues a client certificate with a common name, DNS SANs
+// and URI SANs (e.g. SPIFFE ids), for tests that map certificates to
+// tenants.
+func (ca *CA) ClientIdentity(t testing.TB, serial int64, cn string, dnsNames, uris []string) Pair {
+	t.Helper()
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(serial),
+		Subject:      pkix.Name{CommonName: cn},
+		DNSNames:     dnsNames,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	for _, s := range uris {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
+	}
+	return ca.issue(t, tmpl)
 }
 
 func (ca *CA) issue(t testing.TB, tmpl *x509.Certificate) Pair {

@@ -29,6 +29,9 @@ type eventLog struct {
 	next   uint64 // the newest sequence handed out
 	open   []*reservation
 	notify chan struct{}
+	// watched: a reader holds notify, so it must be closed (and replaced)
+	// when more becomes readable; while nobody waits, appends skip it.
+	watched bool
 }
 
 // reservation is a run of consecutive sequences handed to one transition.
@@ -74,8 +77,16 @@ func (l *eventLog) append(evs ...*retrydv1.Event) {
 		l.ring[(l.next-1)%uint64(len(l.ring))] = ev
 	}
 	l.last = l.next
-	close(l.notify)
-	l.notify = make(chan struct{})
+	l.wake()
+}
+
+// wake tells the readers waiting on notify that more is readable.
+func (l *eventLog) wake() {
+	if l.watched {
+		close(l.notify)
+		l.notify = make(chan struct{})
+		l.watched = false
+	}
 }
 
 // reserve numbers events without making them readable; resolve the
@@ -127,8 +138,7 @@ func (l *eventLog) resolveLocked(r *reservation, publish bool) {
 		advanced = true
 	}
 	if advanced {
-		close(l.notify)
-		l.notify = make(chan struct{})
+		l.wake()
 	}
 }
 
@@ -156,5 +166,6 @@ func (l *eventLog) read(after uint64, sessionID string, limit int) ([]*retrydv1.
 			out = append(out, ev)
 		}
 	}
+	l.watched = true
 	return out, seq - 1, l.notify
 }

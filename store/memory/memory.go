@@ -363,6 +363,10 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 			}
 		}
 	}
+	var done <-chan struct{}
+	if watching {
+		done = r.Done() // made under the lock; received from without it
+	}
 	sh.mu.Unlock()
 
 	leave := func() {
@@ -381,7 +385,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		return send(term)
 	}
 	select {
-	case <-r.Done:
+	case <-done:
 		leave()
 		return send(r.Terminal())
 	case <-ctx.Done():

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"container/heap"
 	"sync"
 	"time"
 
@@ -29,20 +28,52 @@ type timerHeap struct {
 	entries entries
 	wake    chan struct{} // signalled when an earlier entry arrives
 	stopped bool
+	// timer is next's sleep, reused across calls (only the timer
+	// goroutine calls next).
+	timer *time.Timer
 }
 
+// entries is a binary min-heap by time, written out rather than through
+// container/heap, whose interface boxes every entry pushed or popped.
 type entries []timerEntry
 
-func (h entries) Len() int           { return len(h) }
-func (h entries) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h entries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *entries) Push(x any)        { *h = append(*h, x.(timerEntry)) }
-func (h *entries) Pop() any {
-	old := *h
-	n := len(old)
-	e := old[n-1]
-	old[n-1] = timerEntry{}
-	*h = old[:n-1]
+func (h entries) less(i, j int) bool { return h[i].at.Before(h[j].at) }
+
+func (h *entries) push(e timerEntry) {
+	*h = append(*h, e)
+	q := *h
+	for i := len(q) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !q.less(i, parent) {
+			break
+		}
+		q[i], q[parent] = q[parent], q[i]
+		i = parent
+	}
+}
+
+func (h *entries) pop() timerEntry {
+	q := *h
+	e := q[0]
+	n := len(q) - 1
+	q[0] = q[n]
+	q[n] = timerEntry{}
+	q = q[:n]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && q.less(l, least) {
+			least = l
+		}
+		if r < n && q.less(r, least) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		q[i], q[least] = q[least], q[i]
+		i = least
+	}
+	*h = q
 	return e
 }
 
@@ -52,7 +83,7 @@ func newTimerHeap() *timerHeap {
 
 func (t *timerHeap) push(at time.Time, r *engine.Retry, kind timerKind) {
 	t.mu.Lock()
-	heap.Push(&t.entries, timerEntry{at: at, retry: r, kind: kind})
+	t.entries.push(timerEntry{at: at, retry: r, kind: kind})
 	first := t.entries[0].retry == r && t.entries[0].kind == kind
 	t.mu.Unlock()
 	if first {
@@ -83,8 +114,10 @@ func (t *timerHeap) Len() int {
 // next blocks until the earliest entry is due and pops it; ok is false once
 // the heap is stopped.
 func (t *timerHeap) next(now func() time.Time) (timerEntry, bool) {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
+	if t.timer == nil {
+		t.timer = time.NewTimer(time.Hour)
+	}
+	timer := t.timer
 	for {
 		t.mu.Lock()
 		if t.stopped {
@@ -94,7 +127,7 @@ func (t *timerHeap) next(now func() time.Time) (timerEntry, bool) {
 		wait := time.Hour
 		if len(t.entries) > 0 {
 			if wait = t.entries[0].at.Sub(now()); wait <= 0 {
-				e := heap.Pop(&t.entries).(timerEntry)
+				e := t.entries.pop()
 				t.mu.Unlock()
 				return e, true
 			}

@@ -19,11 +19,18 @@
 // its callers' transitions in groups, one group at a time, and groups of
 // different replicas committed at the same moment conflict and are retried.
 //
-// Timers (a pending retry's due or abandon time) are members of the sorted
-// set retryd:timers, polled by every replica; the transaction that moves a
-// retry from pending to started or cancelled succeeds on exactly one
-// replica. Awaiters are counted per retry in retryd:{SESSION}:aw, so a
-// retry starts when it is due and an agent waits on any replica.
+// Timers (a pending retry's due or abandon time, a session's expiry) are
+// members of the sorted set retryd:timers, polled by every replica; the
+// transaction that moves a retry from pending to started or cancelled, or
+// that expires a session (logging its open chains as closed, reason
+// expired), succeeds on exactly one replica (expiry.go). Every AwaitRetry
+// stream holds a leased entry in retryd:{SESSION}:aw, renewed while it
+// waits, so a retry starts when it is due and an agent waits on any
+// replica, and the awaiters of a replica that died stop counting once
+// their lease ends (awaiters.go). The same transactions keep the
+// population counters of retryd:stats (stats.go). Ping reports whether
+// Redis answers, for gRPC health; the URL parameter appendfsync=always
+// refuses a Redis that could lose acknowledged writes (health.go).
 //
 // The timer set and the counter are not in the session's hash slot: this
 // store works on standalone Redis, not on Redis Cluster (that needs
@@ -40,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,8 +94,14 @@ const (
 
 // Config configures a Store. Zero fields take the defaults.
 type Config struct {
-	// URL is the Redis to use: redis://[user:password@]host:port/db.
+	// URL is the Redis to use: redis://[user:password@]host:port/db, with
+	// the Redis client's query parameters and retryd's own appendfsync=always
+	// (the same as RequireAppendFsyncAlways).
 	URL string
+	// RequireAppendFsyncAlways makes Open refuse a Redis that does not run
+	// appendonly yes with appendfsync always, the setting under which no
+	// acknowledged decision is lost when Redis crashes (see health.go).
+	RequireAppendFsyncAlways bool
 	// KeyPrefix is put before every key and channel, so that several
 	// independent retryd deployments (or tests) share one Redis.
 	KeyPrefix string
@@ -130,6 +144,15 @@ type Store struct {
 	queue   []*request
 	leading bool
 
+	// awaiting counts this replica's connected AwaitRetry streams; stats
+	// is the last population read (see stats.go).
+	awaiting atomic.Int64
+	// resumed is when (on the decision clock, unix nanoseconds) Redis
+	// answered the timer poller again after it had been away.
+	resumed atomic.Int64
+	statsMu sync.Mutex
+	stats   service.Stats
+
 	closing  chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -143,7 +166,12 @@ func (globalRand) Float64() float64 { return mrand.Float64() }
 // this retryd's schema (writing the schema version into an empty
 // database), and starts the timer poller and the notification subscriber.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
-	opts, err := redis.ParseURL(cfg.URL)
+	redisURL, fsyncAlways, err := storeURL(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || fsyncAlways
+	opts, err := redis.ParseURL(redisURL)
 	if err != nil {
 		// The URL may carry a password: name the problem, not the URL.
 		return nil, fmt.Errorf("redis store: the store URL is not a valid redis://host:port/db URL: %w", err)
@@ -203,6 +231,9 @@ func (s *Store) check(ctx context.Context) error {
 	if found != strconv.Itoa(SchemaVersion) {
 		return &SchemaError{Key: key, Found: found}
 	}
+	if s.cfg.RequireAppendFsyncAlways {
+		return s.checkDurability(ctx)
+	}
 	return nil
 }
 
@@ -233,6 +264,7 @@ func (s *Store) retryKey(id string) string    { return s.cfg.KeyPrefix + "retryd
 func (s *Store) seqKey() string               { return s.cfg.KeyPrefix + "retryd:seq" }
 func (s *Store) timersKey() string            { return s.cfg.KeyPrefix + "retryd:timers" }
 func (s *Store) eventsKey() string            { return s.cfg.KeyPrefix + "retryd:events" }
+func (s *Store) statsKey() string             { return s.cfg.KeyPrefix + "retryd:stats" }
 func (s *Store) channelPattern() string       { return s.cfg.KeyPrefix + "retryd:{*}:n" }
 
 // sessionOfChannel returns the session a notification channel belongs to.
@@ -264,9 +296,15 @@ type txn struct {
 	id       string
 	sess     *engine.Session // nil when the session does not exist (create it to write one)
 	awaiters map[string]int64
+	expired  []string // awaiter entries whose lease ended, deleted on a save
 	env      engine.Env
+	before   population // the session's population as read
 
-	save      bool // write the session's snapshot
+	save bool // write the session's snapshot
+	// gone is the session as it was when it expired in this transaction
+	// (sess is then nil, unless a later transition of the group created
+	// the session anew): its keys are deleted, its events still logged.
+	gone      *engine.Session
 	write     bool // write anything at all
 	events    []*retrydv1.Event
 	forgotten []*engine.Retry
@@ -278,9 +316,12 @@ func (t *txn) changed(evs ...*retrydv1.Event) {
 	t.events = append(t.events, evs...)
 }
 
-func (t *txn) setTimer(r *engine.Retry, at time.Time) {
-	score := float64(at.UnixMilli())
-	t.timer(r.ID, &score)
+func (t *txn) setTimer(r *engine.Retry, at time.Time) { t.timer(r.ID, score(at)) }
+
+// score is a time's score in the timer set.
+func score(at time.Time) *float64 {
+	v := float64(at.UnixMilli())
+	return &v
 }
 
 func (t *txn) clearTimer(retryID string) { t.timer(retryID, nil) }
@@ -393,10 +434,22 @@ func (s *Store) commitGroup(group []*request) []error {
 	return errs
 }
 
+// loaded is one session as a transaction reads it.
+type loaded struct {
+	// sess is nil when the session does not exist or is damaged.
+	sess *engine.Session
+	// awaiters counts the live awaiter entries per retry; expired names the
+	// entries whose lease ended (see awaiters.go).
+	awaiters map[string]int64
+	expired  []string
+	// damaged is why a session's data could not be read.
+	damaged error
+}
+
 // load reads sessions with their awaiter counts, and the sequence
 // counter. A session whose data is damaged is nil, with its error in
 // damaged.
-func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (sessions []*engine.Session, counts []map[string]int64, damaged []error, last uint64, err error) {
+func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (out []loaded, last uint64, err error) {
 	gets := make([]*redis.StringCmd, len(ids))
 	aws := make([]*redis.MapStringStringCmd, len(ids))
 	var seq *redis.StringCmd
@@ -409,55 +462,51 @@ func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (sessio
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, nil, nil, 0, unavailable("reading sessions", err)
+		return nil, 0, unavailable("reading sessions", err)
 	}
 	if v, err := seq.Uint64(); err == nil {
 		last = v
 	} else if !errors.Is(err, redis.Nil) {
-		return nil, nil, nil, 0, unavailable("reading the sequence", err)
+		return nil, 0, unavailable("reading the sequence", err)
 	}
-	sessions = make([]*engine.Session, len(ids))
-	counts = make([]map[string]int64, len(ids))
-	damaged = make([]error, len(ids))
+	// Leases are wall-clock times of the replicas, not the decision clock.
+	now := time.Now().UnixMilli()
+	out = make([]loaded, len(ids))
 	for i, id := range ids {
-		counts[i] = map[string]int64{}
-		for k, v := range aws[i].Val() {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
-				counts[i][k] = n
-			}
-		}
+		l := &out[i]
+		l.awaiters, l.expired = countAwaiters(aws[i].Val(), now)
 		b, err := gets[i].Bytes()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
 		if err != nil {
-			return nil, nil, nil, 0, unavailable("reading session", err)
+			return nil, 0, unavailable("reading session", err)
 		}
 		snap := &statev1.Session{}
 		if err := proto.Unmarshal(b, snap); err != nil {
-			damaged[i] = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
+			l.damaged = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
 			continue
 		}
 		sess, err := engine.RestoreSession(snap)
 		if err != nil {
-			damaged[i] = fmt.Errorf("redis store: %w", err)
+			l.damaged = fmt.Errorf("redis store: %w", err)
 			continue
 		}
 		for _, r := range sess.Retries() {
-			r.Awaiters = int(counts[i][r.ID])
+			r.Awaiters = int(l.awaiters[r.ID])
 		}
-		sessions[i] = sess
+		l.sess = sess
 	}
-	return sessions, counts, damaged, last, nil
+	return out, last, nil
 }
 
 // loadOne reads one session (nil when it does not exist).
 func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
-	sessions, _, damaged, _, err := s.load(ctx, s.rdb, []string{id})
+	out, _, err := s.load(ctx, s.rdb, []string{id})
 	if err != nil {
 		return nil, err
 	}
-	return sessions[0], damaged[0]
+	return out[0].sess, out[0].damaged
 }
 
 // apply runs a group's transitions on freshly read sessions and, if any
@@ -472,18 +521,20 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			ids = append(ids, r.id)
 		}
 	}
-	sessions, counts, damaged, last, err := s.load(ctx, tx, ids)
+	sessions, last, err := s.load(ctx, tx, ids)
 	if err != nil {
 		return err
 	}
 	env := s.env()
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
-		txns[i] = &txn{id: id, sess: sessions[i], awaiters: counts[i], env: env}
+		l := sessions[i]
+		txns[i] = &txn{id: id, sess: l.sess, awaiters: l.awaiters, expired: l.expired, env: env,
+			before: populationOf(l.sess)}
 	}
 	for i, r := range group {
 		// Damaged data refuses the calls that touch it, and only them.
-		if errs[i] = damaged[index[r.id]]; errs[i] == nil {
+		if errs[i] = sessions[index[r.id]].damaged; errs[i] == nil {
 			errs[i] = r.fn(txns[index[r.id]])
 		}
 	}
@@ -500,28 +551,26 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 		return nil
 	}
 	snaps := make([][]byte, len(txns))
-	ttls := make([]time.Duration, len(txns))
 	for i, t := range txns {
-		ttls[i] = s.cfg.ChainTTL
 		if !t.save || t.sess == nil {
 			continue
-		}
-		if r := t.sess.Pending(); r != nil {
-			ttls[i] = max(ttls[i], r.Due.Add(s.cfg.AbandonGrace+ttlMargin).Sub(env.Now))
 		}
 		if snaps[i], err = proto.Marshal(t.sess.Snapshot()); err != nil {
 			return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 		}
 	}
 	_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		var pop population
 		for i, t := range txns {
-			if err := s.write(ctx, p, t, snaps[i], ttls[i]); err != nil {
+			if err := s.write(ctx, p, t, snaps[i]); err != nil {
 				return err
 			}
+			pop = pop.add(t.delta())
 		}
 		if seq != last {
 			p.Set(ctx, s.seqKey(), seq, 0)
 		}
+		s.count(ctx, p, pop)
 		return nil
 	})
 	switch {
@@ -539,15 +588,32 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 	}
 }
 
+// keyTTL is how long Redis keeps a session's keys after a write. Expiry
+// itself is a timer (see expiry.go); the key TTL is only the backstop that
+// bounds Redis' memory when no replica runs to handle that timer, so it
+// lasts ttlMargin longer.
+func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
+	return max(s.expiresAt(sess).Sub(now), 0) + ttlMargin
+}
+
 // write queues one session's changes in a MULTI.
-func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byte, ttl time.Duration) error {
+func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byte) error {
 	id := t.id
+	ttl := s.cfg.ChainTTL + ttlMargin
+	if t.gone != nil {
+		s.forget(ctx, p, t)
+	}
 	if snap != nil {
+		ttl = s.keyTTL(t.sess, t.env.Now)
 		p.Set(ctx, s.sessionKey(id), snap, ttl)
 		for _, r := range t.sess.Retries() {
 			p.Set(ctx, s.retryKey(r.ID), id, ttl)
 		}
+		if len(t.expired) > 0 {
+			p.HDel(ctx, s.awaitersKey(id), t.expired...)
+		}
 		p.PExpire(ctx, s.awaitersKey(id), ttl)
+		t.timer(expiryTimer, score(s.expiresAt(t.sess)))
 	}
 	for _, r := range t.forgotten {
 		p.Del(ctx, s.retryKey(r.ID))
@@ -573,7 +639,7 @@ func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byt
 			p.ZAdd(ctx, s.timersKey(), redis.Z{Score: *at, Member: m})
 		}
 	}
-	if t.save {
+	if t.save || t.gone != nil {
 		p.Publish(ctx, s.channel(id), "")
 	}
 	return nil
@@ -586,12 +652,20 @@ func notFound(format string, args ...any) error {
 // FailedStep implements service.Store.
 func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
 	var out engine.FailOutcome
-	err := s.update(ctx, f.Request.GetSessionId(), func(t *txn) error {
+	if err := s.update(ctx, f.Request.GetSessionId(), decide(f, &out)); err != nil {
+		return engine.FailOutcome{}, err
+	}
+	return out, nil
+}
+
+// decide is FailedStep's transition; it leaves its outcome in out.
+func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
+	return func(t *txn) error {
 		if t.sess == nil {
 			t.sess = engine.NewSession(t.id, t.env.Now)
 		}
 		var err error
-		if out, err = t.sess.Fail(t.env, f); err != nil {
+		if *out, err = t.sess.Fail(t.env, f); err != nil {
 			return err
 		}
 		if len(out.Events) == 0 {
@@ -603,11 +677,7 @@ func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOu
 			t.setTimer(r, r.Due)
 		}
 		return nil
-	})
-	if err != nil {
-		return engine.FailOutcome{}, err
 	}
-	return out, nil
 }
 
 // sessionOf looks a retry id of a session in scope (see service.InScope)
@@ -658,8 +728,8 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 			ev, _ := t.sess.Start(t.env, r)
 			t.changed(ev)
 			t.clearTimer(retryID)
-		case now.Before(r.Due.Add(s.cfg.AbandonGrace)):
-			t.setTimer(r, r.Due.Add(s.cfg.AbandonGrace))
+		case now.Before(s.abandonAt(r)):
+			t.setTimer(r, s.abandonAt(r))
 		default:
 			t.changed(t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
 			t.clearTimer(retryID)
@@ -684,23 +754,18 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		}
 		return send(term)
 	}
-	awKey := s.awaitersKey(sessionID)
-	var n *redis.IntCmd
-	if _, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		n = p.HIncrBy(ctx, awKey, retryID, 1)
-		p.PExpire(ctx, awKey, s.cfg.ChainTTL+s.cfg.AbandonGrace+ttlMargin)
-		return nil
-	}); err != nil {
-		return unavailable("counting an awaiter", err)
+	a, err := s.attach(ctx, sessionID, retryID)
+	if err != nil {
+		return err
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
-		defer cancel()
-		s.rdb.HIncrBy(dctx, awKey, retryID, -1)
-	}()
-	r.Awaiters = int(n.Val())
+	defer a.detach(ctx)
+	// Read again: the count now includes this stream, and the retry may
+	// have ended in between (then the loop below sends its end).
+	if r, err = s.retry(ctx, sessionID, retryID); err != nil {
+		return err
+	}
 	state := r.State()
-	if !s.cfg.Now().Before(r.Due) {
+	if r.Terminal() == nil && !s.cfg.Now().Before(r.Due) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		if err := s.fire(ctx, sessionID, retryID); err != nil {
@@ -714,6 +779,10 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 	defer recheck.Stop()
 	for {
 		notified, release := s.notify.watch(sessionID)
+		if err := a.renewIfDue(ctx); err != nil {
+			release()
+			return err
+		}
 		r, err := s.retry(ctx, sessionID, retryID)
 		if err != nil {
 			release()
@@ -722,6 +791,16 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		if term := r.Terminal(); term != nil {
 			release()
 			return send(term)
+		}
+		if !s.cfg.Now().Before(r.Due) {
+			// Due and still pending although this stream awaits it: its
+			// timer found no live awaiter (this one's lease had run out
+			// while it was late). Start it now rather than at the abandon
+			// timer.
+			if err := s.fire(ctx, sessionID, retryID); err != nil {
+				release()
+				return err
+			}
 		}
 		select {
 		case <-notified:
@@ -903,6 +982,7 @@ func (s *Store) runTimers() {
 	}()
 	t := time.NewTicker(pollInterval)
 	defer t.Stop()
+	lost := false // the last poll failed: Redis was away
 	for {
 		select {
 		case <-s.closing:
@@ -916,6 +996,7 @@ func (s *Store) runTimers() {
 		if err != nil {
 			// Redis is away: nothing can start or be abandoned until it is
 			// back. Ask again a little later.
+			lost = true
 			select {
 			case <-s.closing:
 				return
@@ -923,16 +1004,44 @@ func (s *Store) runTimers() {
 			}
 			continue
 		}
-		for _, m := range due {
-			retryID, sessionID, ok := strings.Cut(m, " ")
-			if !ok {
-				s.rdb.ZRem(ctx, s.timersKey(), m)
-				continue
-			}
-			// A failure leaves the timer in the set: the next poll tries again.
-			_ = s.fire(ctx, sessionID, retryID)
+		if lost {
+			lost = false
+			s.resumed.Store(s.cfg.Now().UnixNano())
+		}
+		s.fireAll(ctx, due)
+	}
+}
+
+// abandonAt is when a pending retry nobody awaits is cancelled as
+// abandoned: the abandon grace after it fell due, or, when it fell due
+// while this replica could not reach Redis, the grace after Redis answered
+// again, since no agent could attach in between (as the file store gives
+// a whole grace after a restart).
+func (s *Store) abandonAt(r *engine.Retry) time.Time {
+	from := r.Due
+	if resumed := time.Unix(0, s.resumed.Load()); resumed.After(from) {
+		from = resumed
+	}
+	return from.Add(s.cfg.AbandonGrace)
+}
+
+// fireAll handles due timers, each in a goroutine of its own so that they
+// share group commits, and returns once all are handled. A failure leaves
+// the timer in the set: the next poll tries again.
+func (s *Store) fireAll(ctx context.Context, due []string) {
+	var wg sync.WaitGroup
+	for _, m := range due {
+		retryID, sessionID, ok := strings.Cut(m, " ")
+		switch {
+		case !ok:
+			s.rdb.ZRem(ctx, s.timersKey(), m)
+		case retryID == expiryTimer:
+			wg.Go(func() { _ = s.expireSession(ctx, sessionID) })
+		default:
+			wg.Go(func() { _ = s.fire(ctx, sessionID, retryID) })
 		}
 	}
+	wg.Wait()
 }
 
 // runNotifications fans the subscription's messages out to local awaiters

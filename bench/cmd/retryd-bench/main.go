@@ -2,7 +2,9 @@
 // writes a markdown results table to stdout and, with --out, to a file.
 //
 //	go run ./bench/cmd/retryd-bench [--duration 10s] [--rounds 2] [--workers 32]
-//	    [--rate 2000] [--gubernator] [--out bench-results.md]
+//	    [--rate 2000] [--gubernator] [--base-src DIR] [--profile DIR]
+//	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
+//	    [--skip-ab] [--out bench-results.md]
 //
 // Every server it starts listens on 127.0.0.1 only. See docs/benchmarks.md.
 package main
@@ -17,8 +19,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/retryd/retryd/bench"
 )
@@ -49,7 +53,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.KeySpace, "sessions", cfg.KeySpace, "session key space")
 	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "latency samples kept per phase")
 	fs.BoolVar(&cfg.Gubernator, "gubernator", false, "also run gubernator v2.13.0 (tools/gubernator) single-node on loopback")
+	fs.BoolVar(&cfg.NoMetrics, "no-metrics", false, "run retryd without --metrics-listen (and so without otelgrpc); default: metrics on, as deployed")
+	fs.StringVar(&cfg.BaseRoot, "base-src", "", "another retryd source tree (e.g. git archive HEAD, unpacked) to run as target retryd@base")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU and heap profiles of retryd and echo (one extra, unmeasured saturation phase each) to this directory")
 	out := fs.String("out", "", "also write the table to this file")
+	skipAB := fs.Bool("skip-ab", false, "skip the A/B load phases (run only the scale parts)")
+	sc := bench.ScaleConfig{AwaitLead: time.Minute, AwaitSpread: 10 * time.Second}
+	chains := fs.String("chains", "", "comma-separated checkpoints of open chains at which to read retryd's RSS (e.g. 10000,100000,1000000); empty: skip")
+	fs.IntVar(&sc.Awaiters, "awaiters", 0, "concurrent AwaitRetry streams to hold, each awaiting a retry due within --awaiters-spread; 0: skip")
+	fs.DurationVar(&sc.AwaitLead, "awaiters-lead", sc.AwaitLead, "time from the start of the awaiters part to the first due retry (the set-up must fit)")
+	fs.DurationVar(&sc.AwaitSpread, "awaiters-spread", sc.AwaitSpread, "window over which the awaited retries fall due")
+	fs.IntVar(&sc.AwaitLoad, "awaiters-load", 0, "workers running the FailedStep mix while the retries fall due; 0: no load")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,13 +73,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Root = root
 	cfg.Log = stderr
-	results, err := bench.Run(ctx, cfg)
-	if err != nil {
-		return err
-	}
 	var table strings.Builder
-	if err := bench.WriteTable(&table, cfg, results); err != nil {
-		return err
+	if !*skipAB {
+		results, err := bench.Run(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		if err := bench.WriteTable(&table, cfg, results); err != nil {
+			return err
+		}
+	}
+	if *chains != "" || sc.Awaiters > 0 {
+		for _, f := range strings.Split(*chains, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				return fmt.Errorf("--chains: %q is not a positive count", f)
+			}
+			sc.Chains = append(sc.Chains, n)
+		}
+		sc.Root, sc.Log, sc.Workers, sc.ProfileDir = root, stderr, cfg.Workers, cfg.ProfileDir
+		points, aw, err := bench.RunScale(ctx, sc)
+		if err != nil {
+			return err
+		}
+		table.WriteString("\n")
+		if err := bench.WriteScaleTable(&table, sc, points, aw); err != nil {
+			return err
+		}
 	}
 	fmt.Fprint(stdout, table.String())
 	if *out != "" {

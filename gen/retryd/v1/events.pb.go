@@ -36,6 +36,17 @@ const (
 	DelaySource_DELAY_SOURCE_SCHEDULE DelaySource = 3
 	// The tail delay after the schedule.
 	DelaySource_DELAY_SOURCE_TAIL DelaySource = 4
+	// The fleet's retry budget for the provider was empty: the retry starts
+	// when the next token is available (always and schedule modes, which must
+	// not end), at most the policy's delay cap.
+	DelaySource_DELAY_SOURCE_FLEET_BUDGET DelaySource = 5
+	// The provider's circuit is open, or half-open with its probes taken: the
+	// retry starts after the open period, spread over the pacing window, at
+	// most the policy's delay cap.
+	DelaySource_DELAY_SOURCE_CIRCUIT_OPEN DelaySource = 6
+	// A Retry-After that another agent of the fleet received raised the
+	// provider's earliest start; at most the policy's delay cap.
+	DelaySource_DELAY_SOURCE_PROVIDER_PACING DelaySource = 7
 )
 
 // Enum value maps for DelaySource.
@@ -46,6 +57,9 @@ var (
 		2: "DELAY_SOURCE_PROVIDER_RETRY_AFTER",
 		3: "DELAY_SOURCE_SCHEDULE",
 		4: "DELAY_SOURCE_TAIL",
+		5: "DELAY_SOURCE_FLEET_BUDGET",
+		6: "DELAY_SOURCE_CIRCUIT_OPEN",
+		7: "DELAY_SOURCE_PROVIDER_PACING",
 	}
 	DelaySource_value = map[string]int32{
 		"DELAY_SOURCE_UNSPECIFIED":          0,
@@ -53,6 +67,9 @@ var (
 		"DELAY_SOURCE_PROVIDER_RETRY_AFTER": 2,
 		"DELAY_SOURCE_SCHEDULE":             3,
 		"DELAY_SOURCE_TAIL":                 4,
+		"DELAY_SOURCE_FLEET_BUDGET":         5,
+		"DELAY_SOURCE_CIRCUIT_OPEN":         6,
+		"DELAY_SOURCE_PROVIDER_PACING":      7,
 	}
 )
 
@@ -107,31 +124,41 @@ const (
 	DelegateReason_DELEGATE_REASON_DEADLINE DelegateReason = 7
 	// The caller said replaying the request is unsafe.
 	DelegateReason_DELEGATE_REASON_REPLAY_UNSAFE DelegateReason = 8
+	// Normal mode: the fleet's retry budget for the provider (per tenant) is
+	// empty; retrying now would multiply the load on a failing provider.
+	DelegateReason_DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED DelegateReason = 9
+	// Normal mode: the provider's circuit is open and the retry could not
+	// start before the policy's delay cap or the deadline.
+	DelegateReason_DELEGATE_REASON_FLEET_CIRCUIT_OPEN DelegateReason = 10
 )
 
 // Enum value maps for DelegateReason.
 var (
 	DelegateReason_name = map[int32]string{
-		0: "DELEGATE_REASON_UNSPECIFIED",
-		1: "DELEGATE_REASON_NO_PROVIDER",
-		2: "DELEGATE_REASON_BUDGET_EXHAUSTED",
-		3: "DELEGATE_REASON_CODE_NOT_RETRYABLE",
-		4: "DELEGATE_REASON_DOWNSTREAM_FIRST",
-		5: "DELEGATE_REASON_DOWNSTREAM_HANDLED",
-		6: "DELEGATE_REASON_RETRY_AFTER_OVER_CAP",
-		7: "DELEGATE_REASON_DEADLINE",
-		8: "DELEGATE_REASON_REPLAY_UNSAFE",
+		0:  "DELEGATE_REASON_UNSPECIFIED",
+		1:  "DELEGATE_REASON_NO_PROVIDER",
+		2:  "DELEGATE_REASON_BUDGET_EXHAUSTED",
+		3:  "DELEGATE_REASON_CODE_NOT_RETRYABLE",
+		4:  "DELEGATE_REASON_DOWNSTREAM_FIRST",
+		5:  "DELEGATE_REASON_DOWNSTREAM_HANDLED",
+		6:  "DELEGATE_REASON_RETRY_AFTER_OVER_CAP",
+		7:  "DELEGATE_REASON_DEADLINE",
+		8:  "DELEGATE_REASON_REPLAY_UNSAFE",
+		9:  "DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED",
+		10: "DELEGATE_REASON_FLEET_CIRCUIT_OPEN",
 	}
 	DelegateReason_value = map[string]int32{
-		"DELEGATE_REASON_UNSPECIFIED":          0,
-		"DELEGATE_REASON_NO_PROVIDER":          1,
-		"DELEGATE_REASON_BUDGET_EXHAUSTED":     2,
-		"DELEGATE_REASON_CODE_NOT_RETRYABLE":   3,
-		"DELEGATE_REASON_DOWNSTREAM_FIRST":     4,
-		"DELEGATE_REASON_DOWNSTREAM_HANDLED":   5,
-		"DELEGATE_REASON_RETRY_AFTER_OVER_CAP": 6,
-		"DELEGATE_REASON_DEADLINE":             7,
-		"DELEGATE_REASON_REPLAY_UNSAFE":        8,
+		"DELEGATE_REASON_UNSPECIFIED":            0,
+		"DELEGATE_REASON_NO_PROVIDER":            1,
+		"DELEGATE_REASON_BUDGET_EXHAUSTED":       2,
+		"DELEGATE_REASON_CODE_NOT_RETRYABLE":     3,
+		"DELEGATE_REASON_DOWNSTREAM_FIRST":       4,
+		"DELEGATE_REASON_DOWNSTREAM_HANDLED":     5,
+		"DELEGATE_REASON_RETRY_AFTER_OVER_CAP":   6,
+		"DELEGATE_REASON_DEADLINE":               7,
+		"DELEGATE_REASON_REPLAY_UNSAFE":          8,
+		"DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED": 9,
+		"DELEGATE_REASON_FLEET_CIRCUIT_OPEN":     10,
 	}
 )
 
@@ -684,7 +711,10 @@ type RetryScheduled struct {
 	Policy *RetryPolicy `protobuf:"bytes,14,opt,name=policy,proto3" json:"policy,omitempty"`
 	// The W3C traceparent of the retry's backoff span, when retryd exports
 	// traces; empty otherwise.
-	Traceparent   string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,15,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// Why fleet protection lengthened the delay (budget, circuit, pacing);
+	// empty when the policy alone decided it.
+	Detail        string `protobuf:"bytes,16,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -820,6 +850,13 @@ func (x *RetryScheduled) GetPolicy() *RetryPolicy {
 func (x *RetryScheduled) GetTraceparent() string {
 	if x != nil {
 		return x.Traceparent
+	}
+	return ""
+}
+
+func (x *RetryScheduled) GetDetail() string {
+	if x != nil {
+		return x.Detail
 	}
 	return ""
 }
@@ -1218,7 +1255,7 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\astarted\x18\f \x01(\v2\x17.retryd.v1.RetryStartedH\x00R\astarted\x129\n" +
 	"\tcancelled\x18\r \x01(\v2\x19.retryd.v1.RetryCancelledH\x00R\tcancelled\x120\n" +
 	"\x06closed\x18\x0e \x01(\v2\x16.retryd.v1.ChainClosedH\x00R\x06closedB\x06\n" +
-	"\x04kind\"\xbd\x04\n" +
+	"\x04kind\"\xd5\x04\n" +
 	"\x0eRetryScheduled\x12\x19\n" +
 	"\bretry_id\x18\x01 \x01(\tR\aretryId\x12\x12\n" +
 	"\x04turn\x18\x02 \x01(\x04R\x04turn\x12\x12\n" +
@@ -1237,7 +1274,8 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\fdelay_source\x18\f \x01(\x0e2\x16.retryd.v1.DelaySourceR\vdelaySource\x121\n" +
 	"\x06due_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12.\n" +
 	"\x06policy\x18\x0e \x01(\v2\x16.retryd.v1.RetryPolicyR\x06policy\x12 \n" +
-	"\vtraceparent\x18\x0f \x01(\tR\vtraceparentB\x0e\n" +
+	"\vtraceparent\x18\x0f \x01(\tR\vtraceparent\x12\x16\n" +
+	"\x06detail\x18\x10 \x01(\tR\x06detailB\x0e\n" +
 	"\f_max_retries\"\xc8\x02\n" +
 	"\x0eRetryDelegated\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x04R\x04turn\x12\x12\n" +
@@ -1271,13 +1309,16 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\n" +
 	"policy_key\x18\x02 \x01(\tR\tpolicyKey\x12.\n" +
 	"\x06reason\x18\x03 \x01(\x0e2\x16.retryd.v1.CloseReasonR\x06reason\x12\x18\n" +
-	"\aretries\x18\x04 \x01(\rR\aretries*\x9e\x01\n" +
+	"\aretries\x18\x04 \x01(\rR\aretries*\xfe\x01\n" +
 	"\vDelaySource\x12\x1c\n" +
 	"\x18DELAY_SOURCE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14DELAY_SOURCE_BACKOFF\x10\x01\x12%\n" +
 	"!DELAY_SOURCE_PROVIDER_RETRY_AFTER\x10\x02\x12\x19\n" +
 	"\x15DELAY_SOURCE_SCHEDULE\x10\x03\x12\x15\n" +
-	"\x11DELAY_SOURCE_TAIL\x10\x04*\xd9\x02\n" +
+	"\x11DELAY_SOURCE_TAIL\x10\x04\x12\x1d\n" +
+	"\x19DELAY_SOURCE_FLEET_BUDGET\x10\x05\x12\x1d\n" +
+	"\x19DELAY_SOURCE_CIRCUIT_OPEN\x10\x06\x12 \n" +
+	"\x1cDELAY_SOURCE_PROVIDER_PACING\x10\a*\xad\x03\n" +
 	"\x0eDelegateReason\x12\x1f\n" +
 	"\x1bDELEGATE_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bDELEGATE_REASON_NO_PROVIDER\x10\x01\x12$\n" +
@@ -1287,7 +1328,10 @@ const file_retryd_v1_events_proto_rawDesc = "" +
 	"\"DELEGATE_REASON_DOWNSTREAM_HANDLED\x10\x05\x12(\n" +
 	"$DELEGATE_REASON_RETRY_AFTER_OVER_CAP\x10\x06\x12\x1c\n" +
 	"\x18DELEGATE_REASON_DEADLINE\x10\a\x12!\n" +
-	"\x1dDELEGATE_REASON_REPLAY_UNSAFE\x10\b*\x9e\x01\n" +
+	"\x1dDELEGATE_REASON_REPLAY_UNSAFE\x10\b\x12*\n" +
+	"&DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED\x10\t\x12&\n" +
+	"\"DELEGATE_REASON_FLEET_CIRCUIT_OPEN\x10\n" +
+	"*\x9e\x01\n" +
 	"\fCancelReason\x12\x1d\n" +
 	"\x19CANCEL_REASON_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17CANCEL_REASON_REQUESTED\x10\x01\x12\x1b\n" +

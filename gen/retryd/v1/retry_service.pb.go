@@ -79,6 +79,65 @@ func (RetryStatus) EnumDescriptor() ([]byte, []int) {
 	return file_retryd_v1_retry_service_proto_rawDescGZIP(), []int{0}
 }
 
+// CircuitState is the state of a provider's circuit.
+type CircuitState int32
+
+const (
+	// Never sent.
+	CircuitState_CIRCUIT_STATE_UNSPECIFIED CircuitState = 0
+	// Retries start when their backoff ends.
+	CircuitState_CIRCUIT_STATE_CLOSED CircuitState = 1
+	// The provider's failure rate crossed the threshold: no retry starts
+	// before the open period ends.
+	CircuitState_CIRCUIT_STATE_OPEN CircuitState = 2
+	// The open period ended: a limited number of probe retries start first;
+	// their outcome closes or re-opens the circuit.
+	CircuitState_CIRCUIT_STATE_HALF_OPEN CircuitState = 3
+)
+
+// Enum value maps for CircuitState.
+var (
+	CircuitState_name = map[int32]string{
+		0: "CIRCUIT_STATE_UNSPECIFIED",
+		1: "CIRCUIT_STATE_CLOSED",
+		2: "CIRCUIT_STATE_OPEN",
+		3: "CIRCUIT_STATE_HALF_OPEN",
+	}
+	CircuitState_value = map[string]int32{
+		"CIRCUIT_STATE_UNSPECIFIED": 0,
+		"CIRCUIT_STATE_CLOSED":      1,
+		"CIRCUIT_STATE_OPEN":        2,
+		"CIRCUIT_STATE_HALF_OPEN":   3,
+	}
+)
+
+func (x CircuitState) Enum() *CircuitState {
+	p := new(CircuitState)
+	*p = x
+	return p
+}
+
+func (x CircuitState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CircuitState) Descriptor() protoreflect.EnumDescriptor {
+	return file_retryd_v1_retry_service_proto_enumTypes[1].Descriptor()
+}
+
+func (CircuitState) Type() protoreflect.EnumType {
+	return &file_retryd_v1_retry_service_proto_enumTypes[1]
+}
+
+func (x CircuitState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CircuitState.Descriptor instead.
+func (CircuitState) EnumDescriptor() ([]byte, []int) {
+	return file_retryd_v1_retry_service_proto_rawDescGZIP(), []int{1}
+}
+
 // FailedStepRequest reports one failed model request of an agent loop.
 type FailedStepRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -412,7 +471,10 @@ type Schedule struct {
 	// The canonical key of the policy that decided.
 	PolicyKey string `protobuf:"bytes,7,opt,name=policy_key,json=policyKey,proto3" json:"policy_key,omitempty"`
 	// The mode of the policy that decided.
-	Mode          Mode `protobuf:"varint,8,opt,name=mode,proto3,enum=retryd.v1.Mode" json:"mode,omitempty"`
+	Mode Mode `protobuf:"varint,8,opt,name=mode,proto3,enum=retryd.v1.Mode" json:"mode,omitempty"`
+	// Why fleet protection lengthened the delay (budget, circuit, pacing);
+	// empty when the policy alone decided it.
+	Detail        string `protobuf:"bytes,9,opt,name=detail,proto3" json:"detail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,6 +563,13 @@ func (x *Schedule) GetMode() Mode {
 		return x.Mode
 	}
 	return Mode_MODE_UNSPECIFIED
+}
+
+func (x *Schedule) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
 }
 
 // Delegate tells the agent to hand the failure to its next recovery policy.
@@ -1401,6 +1470,182 @@ func (x *WatchEventsResponse) GetEvent() *Event {
 	return nil
 }
 
+// GetProviderStateRequest names the provider to read.
+type GetProviderStateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider, as reported in FailedStep.
+	Provider      string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProviderStateRequest) Reset() {
+	*x = GetProviderStateRequest{}
+	mi := &file_retryd_v1_retry_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProviderStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProviderStateRequest) ProtoMessage() {}
+
+func (x *GetProviderStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_retryd_v1_retry_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProviderStateRequest.ProtoReflect.Descriptor instead.
+func (*GetProviderStateRequest) Descriptor() ([]byte, []int) {
+	return file_retryd_v1_retry_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetProviderStateRequest) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+// GetProviderStateResponse is the fleet-protection state of one provider of
+// the caller's tenant, as of the response.
+type GetProviderStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider.
+	Provider string `protobuf:"bytes,1,opt,name=provider,proto3" json:"provider,omitempty"`
+	// Whether fleet protection is configured for the provider; when false the
+	// other fields are zero and retries are decided by their policy alone.
+	Protected bool `protobuf:"varint,2,opt,name=protected,proto3" json:"protected,omitempty"`
+	// Tokens in the retry budget (one per scheduled retry).
+	BudgetTokens float64 `protobuf:"fixed64,3,opt,name=budget_tokens,json=budgetTokens,proto3" json:"budget_tokens,omitempty"`
+	// The budget's capacity.
+	BudgetCapacity float64 `protobuf:"fixed64,4,opt,name=budget_capacity,json=budgetCapacity,proto3" json:"budget_capacity,omitempty"`
+	// Failures / (failures + successes) over the sliding window.
+	FailureRate float64 `protobuf:"fixed64,5,opt,name=failure_rate,json=failureRate,proto3" json:"failure_rate,omitempty"`
+	// How many reports the window holds.
+	WindowSamples uint32 `protobuf:"varint,6,opt,name=window_samples,json=windowSamples,proto3" json:"window_samples,omitempty"`
+	// The circuit's state.
+	Circuit CircuitState `protobuf:"varint,7,opt,name=circuit,proto3,enum=retryd.v1.CircuitState" json:"circuit,omitempty"`
+	// While open: when the open period ends.
+	OpenUntil *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=open_until,json=openUntil,proto3" json:"open_until,omitempty"`
+	// The earliest time a retry against the provider may start (Retry-After
+	// received by any agent, or the circuit's open period), if in the future.
+	EarliestStart *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=earliest_start,json=earliestStart,proto3" json:"earliest_start,omitempty"`
+	// Retries scheduled against the provider that have not started yet.
+	QueuedRetries uint32 `protobuf:"varint,10,opt,name=queued_retries,json=queuedRetries,proto3" json:"queued_retries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProviderStateResponse) Reset() {
+	*x = GetProviderStateResponse{}
+	mi := &file_retryd_v1_retry_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProviderStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProviderStateResponse) ProtoMessage() {}
+
+func (x *GetProviderStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_retryd_v1_retry_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProviderStateResponse.ProtoReflect.Descriptor instead.
+func (*GetProviderStateResponse) Descriptor() ([]byte, []int) {
+	return file_retryd_v1_retry_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetProviderStateResponse) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *GetProviderStateResponse) GetProtected() bool {
+	if x != nil {
+		return x.Protected
+	}
+	return false
+}
+
+func (x *GetProviderStateResponse) GetBudgetTokens() float64 {
+	if x != nil {
+		return x.BudgetTokens
+	}
+	return 0
+}
+
+func (x *GetProviderStateResponse) GetBudgetCapacity() float64 {
+	if x != nil {
+		return x.BudgetCapacity
+	}
+	return 0
+}
+
+func (x *GetProviderStateResponse) GetFailureRate() float64 {
+	if x != nil {
+		return x.FailureRate
+	}
+	return 0
+}
+
+func (x *GetProviderStateResponse) GetWindowSamples() uint32 {
+	if x != nil {
+		return x.WindowSamples
+	}
+	return 0
+}
+
+func (x *GetProviderStateResponse) GetCircuit() CircuitState {
+	if x != nil {
+		return x.Circuit
+	}
+	return CircuitState_CIRCUIT_STATE_UNSPECIFIED
+}
+
+func (x *GetProviderStateResponse) GetOpenUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpenUntil
+	}
+	return nil
+}
+
+func (x *GetProviderStateResponse) GetEarliestStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EarliestStart
+	}
+	return nil
+}
+
+func (x *GetProviderStateResponse) GetQueuedRetries() uint32 {
+	if x != nil {
+		return x.QueuedRetries
+	}
+	return 0
+}
+
 var File_retryd_v1_retry_service_proto protoreflect.FileDescriptor
 
 const file_retryd_v1_retry_service_proto_rawDesc = "" +
@@ -1430,7 +1675,7 @@ const file_retryd_v1_retry_service_proto_rawDesc = "" +
 	"\bDecision\x121\n" +
 	"\bschedule\x18\x01 \x01(\v2\x13.retryd.v1.ScheduleH\x00R\bschedule\x121\n" +
 	"\bdelegate\x18\x02 \x01(\v2\x13.retryd.v1.DelegateH\x00R\bdelegateB\t\n" +
-	"\aoutcome\"\xcb\x02\n" +
+	"\aoutcome\"\xe3\x02\n" +
 	"\bSchedule\x12\x19\n" +
 	"\bretry_id\x18\x01 \x01(\tR\aretryId\x12!\n" +
 	"\fretry_number\x18\x02 \x01(\rR\vretryNumber\x12$\n" +
@@ -1441,7 +1686,8 @@ const file_retryd_v1_retry_service_proto_rawDesc = "" +
 	"\x06due_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x05dueAt\x12\x1d\n" +
 	"\n" +
 	"policy_key\x18\a \x01(\tR\tpolicyKey\x12#\n" +
-	"\x04mode\x18\b \x01(\x0e2\x0f.retryd.v1.ModeR\x04modeB\x0e\n" +
+	"\x04mode\x18\b \x01(\x0e2\x0f.retryd.v1.ModeR\x04mode\x12\x16\n" +
+	"\x06detail\x18\t \x01(\tR\x06detailB\x0e\n" +
 	"\f_max_retries\"U\n" +
 	"\bDelegate\x121\n" +
 	"\x06reason\x18\x01 \x01(\x0e2\x19.retryd.v1.DelegateReasonR\x06reason\x12\x16\n" +
@@ -1505,12 +1751,32 @@ const file_retryd_v1_retry_service_proto_rawDesc = "" +
 	"\x0eafter_sequence\x18\x02 \x01(\x04R\rafterSequence\x12\x1e\n" +
 	"\vstop_at_end\x18\x03 \x01(\bR\tstopAtEnd\"=\n" +
 	"\x13WatchEventsResponse\x12&\n" +
-	"\x05event\x18\x01 \x01(\v2\x10.retryd.v1.EventR\x05event*{\n" +
+	"\x05event\x18\x01 \x01(\v2\x10.retryd.v1.EventR\x05event\"5\n" +
+	"\x17GetProviderStateRequest\x12\x1a\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\"\xc4\x03\n" +
+	"\x18GetProviderStateResponse\x12\x1a\n" +
+	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x1c\n" +
+	"\tprotected\x18\x02 \x01(\bR\tprotected\x12#\n" +
+	"\rbudget_tokens\x18\x03 \x01(\x01R\fbudgetTokens\x12'\n" +
+	"\x0fbudget_capacity\x18\x04 \x01(\x01R\x0ebudgetCapacity\x12!\n" +
+	"\ffailure_rate\x18\x05 \x01(\x01R\vfailureRate\x12%\n" +
+	"\x0ewindow_samples\x18\x06 \x01(\rR\rwindowSamples\x121\n" +
+	"\acircuit\x18\a \x01(\x0e2\x17.retryd.v1.CircuitStateR\acircuit\x129\n" +
+	"\n" +
+	"open_until\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\topenUntil\x12A\n" +
+	"\x0eearliest_start\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rearliestStart\x12%\n" +
+	"\x0equeued_retries\x18\n" +
+	" \x01(\rR\rqueuedRetries*{\n" +
 	"\vRetryStatus\x12\x1c\n" +
 	"\x18RETRY_STATUS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRY_STATUS_PENDING\x10\x01\x12\x18\n" +
 	"\x14RETRY_STATUS_STARTED\x10\x02\x12\x1a\n" +
-	"\x16RETRY_STATUS_CANCELLED\x10\x032\xe6\x03\n" +
+	"\x16RETRY_STATUS_CANCELLED\x10\x03*|\n" +
+	"\fCircuitState\x12\x1d\n" +
+	"\x19CIRCUIT_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14CIRCUIT_STATE_CLOSED\x10\x01\x12\x16\n" +
+	"\x12CIRCUIT_STATE_OPEN\x10\x02\x12\x1b\n" +
+	"\x17CIRCUIT_STATE_HALF_OPEN\x10\x032\xc3\x04\n" +
 	"\fRetryService\x12I\n" +
 	"\n" +
 	"FailedStep\x12\x1c.retryd.v1.FailedStepRequest\x1a\x1d.retryd.v1.FailedStepResponse\x12K\n" +
@@ -1519,7 +1785,8 @@ const file_retryd_v1_retry_service_proto_rawDesc = "" +
 	"\rCancelRetries\x12\x1f.retryd.v1.CancelRetriesRequest\x1a .retryd.v1.CancelRetriesResponse\x12R\n" +
 	"\rStepSucceeded\x12\x1f.retryd.v1.StepSucceededRequest\x1a .retryd.v1.StepSucceededResponse\x12F\n" +
 	"\tGetChains\x12\x1b.retryd.v1.GetChainsRequest\x1a\x1c.retryd.v1.GetChainsResponse\x12N\n" +
-	"\vWatchEvents\x12\x1d.retryd.v1.WatchEventsRequest\x1a\x1e.retryd.v1.WatchEventsResponse0\x01B1Z/github.com/retryd/retryd/gen/retryd/v1;retrydv1b\x06proto3"
+	"\vWatchEvents\x12\x1d.retryd.v1.WatchEventsRequest\x1a\x1e.retryd.v1.WatchEventsResponse0\x01\x12[\n" +
+	"\x10GetProviderState\x12\".retryd.v1.GetProviderStateRequest\x1a#.retryd.v1.GetProviderStateResponseB1Z/github.com/retryd/retryd/gen/retryd/v1;retrydv1b\x06proto3"
 
 var (
 	file_retryd_v1_retry_service_proto_rawDescOnce sync.Once
@@ -1533,86 +1800,94 @@ func file_retryd_v1_retry_service_proto_rawDescGZIP() []byte {
 	return file_retryd_v1_retry_service_proto_rawDescData
 }
 
-var file_retryd_v1_retry_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_retryd_v1_retry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_retryd_v1_retry_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_retryd_v1_retry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_retryd_v1_retry_service_proto_goTypes = []any{
-	(RetryStatus)(0),              // 0: retryd.v1.RetryStatus
-	(*FailedStepRequest)(nil),     // 1: retryd.v1.FailedStepRequest
-	(*FailedStepResponse)(nil),    // 2: retryd.v1.FailedStepResponse
-	(*Decision)(nil),              // 3: retryd.v1.Decision
-	(*Schedule)(nil),              // 4: retryd.v1.Schedule
-	(*Delegate)(nil),              // 5: retryd.v1.Delegate
-	(*AwaitRetryRequest)(nil),     // 6: retryd.v1.AwaitRetryRequest
-	(*AwaitRetryResponse)(nil),    // 7: retryd.v1.AwaitRetryResponse
-	(*RetryState)(nil),            // 8: retryd.v1.RetryState
-	(*CancelRetriesRequest)(nil),  // 9: retryd.v1.CancelRetriesRequest
-	(*CancelRetriesResponse)(nil), // 10: retryd.v1.CancelRetriesResponse
-	(*StepSucceededRequest)(nil),  // 11: retryd.v1.StepSucceededRequest
-	(*StepSucceededResponse)(nil), // 12: retryd.v1.StepSucceededResponse
-	(*GetChainsRequest)(nil),      // 13: retryd.v1.GetChainsRequest
-	(*GetChainsResponse)(nil),     // 14: retryd.v1.GetChainsResponse
-	(*Chain)(nil),                 // 15: retryd.v1.Chain
-	(*WatchEventsRequest)(nil),    // 16: retryd.v1.WatchEventsRequest
-	(*WatchEventsResponse)(nil),   // 17: retryd.v1.WatchEventsResponse
-	(*RetryPolicy)(nil),           // 18: retryd.v1.RetryPolicy
-	(*Failure)(nil),               // 19: retryd.v1.Failure
-	(Downstream)(0),               // 20: retryd.v1.Downstream
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(Replay)(0),                   // 22: retryd.v1.Replay
-	(*Event)(nil),                 // 23: retryd.v1.Event
-	(DelaySource)(0),              // 24: retryd.v1.DelaySource
-	(Mode)(0),                     // 25: retryd.v1.Mode
-	(DelegateReason)(0),           // 26: retryd.v1.DelegateReason
-	(*RetryStarted)(nil),          // 27: retryd.v1.RetryStarted
-	(*RetryCancelled)(nil),        // 28: retryd.v1.RetryCancelled
-	(*RetryScheduled)(nil),        // 29: retryd.v1.RetryScheduled
-	(*ChainClosed)(nil),           // 30: retryd.v1.ChainClosed
+	(RetryStatus)(0),                 // 0: retryd.v1.RetryStatus
+	(CircuitState)(0),                // 1: retryd.v1.CircuitState
+	(*FailedStepRequest)(nil),        // 2: retryd.v1.FailedStepRequest
+	(*FailedStepResponse)(nil),       // 3: retryd.v1.FailedStepResponse
+	(*Decision)(nil),                 // 4: retryd.v1.Decision
+	(*Schedule)(nil),                 // 5: retryd.v1.Schedule
+	(*Delegate)(nil),                 // 6: retryd.v1.Delegate
+	(*AwaitRetryRequest)(nil),        // 7: retryd.v1.AwaitRetryRequest
+	(*AwaitRetryResponse)(nil),       // 8: retryd.v1.AwaitRetryResponse
+	(*RetryState)(nil),               // 9: retryd.v1.RetryState
+	(*CancelRetriesRequest)(nil),     // 10: retryd.v1.CancelRetriesRequest
+	(*CancelRetriesResponse)(nil),    // 11: retryd.v1.CancelRetriesResponse
+	(*StepSucceededRequest)(nil),     // 12: retryd.v1.StepSucceededRequest
+	(*StepSucceededResponse)(nil),    // 13: retryd.v1.StepSucceededResponse
+	(*GetChainsRequest)(nil),         // 14: retryd.v1.GetChainsRequest
+	(*GetChainsResponse)(nil),        // 15: retryd.v1.GetChainsResponse
+	(*Chain)(nil),                    // 16: retryd.v1.Chain
+	(*WatchEventsRequest)(nil),       // 17: retryd.v1.WatchEventsRequest
+	(*WatchEventsResponse)(nil),      // 18: retryd.v1.WatchEventsResponse
+	(*GetProviderStateRequest)(nil),  // 19: retryd.v1.GetProviderStateRequest
+	(*GetProviderStateResponse)(nil), // 20: retryd.v1.GetProviderStateResponse
+	(*RetryPolicy)(nil),              // 21: retryd.v1.RetryPolicy
+	(*Failure)(nil),                  // 22: retryd.v1.Failure
+	(Downstream)(0),                  // 23: retryd.v1.Downstream
+	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
+	(Replay)(0),                      // 25: retryd.v1.Replay
+	(*Event)(nil),                    // 26: retryd.v1.Event
+	(DelaySource)(0),                 // 27: retryd.v1.DelaySource
+	(Mode)(0),                        // 28: retryd.v1.Mode
+	(DelegateReason)(0),              // 29: retryd.v1.DelegateReason
+	(*RetryStarted)(nil),             // 30: retryd.v1.RetryStarted
+	(*RetryCancelled)(nil),           // 31: retryd.v1.RetryCancelled
+	(*RetryScheduled)(nil),           // 32: retryd.v1.RetryScheduled
+	(*ChainClosed)(nil),              // 33: retryd.v1.ChainClosed
 }
 var file_retryd_v1_retry_service_proto_depIdxs = []int32{
-	18, // 0: retryd.v1.FailedStepRequest.policy:type_name -> retryd.v1.RetryPolicy
-	19, // 1: retryd.v1.FailedStepRequest.failure:type_name -> retryd.v1.Failure
-	20, // 2: retryd.v1.FailedStepRequest.downstream:type_name -> retryd.v1.Downstream
-	21, // 3: retryd.v1.FailedStepRequest.deadline:type_name -> google.protobuf.Timestamp
-	22, // 4: retryd.v1.FailedStepRequest.replay:type_name -> retryd.v1.Replay
-	3,  // 5: retryd.v1.FailedStepResponse.decision:type_name -> retryd.v1.Decision
-	23, // 6: retryd.v1.FailedStepResponse.event:type_name -> retryd.v1.Event
-	4,  // 7: retryd.v1.Decision.schedule:type_name -> retryd.v1.Schedule
-	5,  // 8: retryd.v1.Decision.delegate:type_name -> retryd.v1.Delegate
-	24, // 9: retryd.v1.Schedule.delay_source:type_name -> retryd.v1.DelaySource
-	21, // 10: retryd.v1.Schedule.due_at:type_name -> google.protobuf.Timestamp
-	25, // 11: retryd.v1.Schedule.mode:type_name -> retryd.v1.Mode
-	26, // 12: retryd.v1.Delegate.reason:type_name -> retryd.v1.DelegateReason
-	8,  // 13: retryd.v1.AwaitRetryResponse.state:type_name -> retryd.v1.RetryState
-	27, // 14: retryd.v1.AwaitRetryResponse.started:type_name -> retryd.v1.RetryStarted
-	28, // 15: retryd.v1.AwaitRetryResponse.cancelled:type_name -> retryd.v1.RetryCancelled
+	21, // 0: retryd.v1.FailedStepRequest.policy:type_name -> retryd.v1.RetryPolicy
+	22, // 1: retryd.v1.FailedStepRequest.failure:type_name -> retryd.v1.Failure
+	23, // 2: retryd.v1.FailedStepRequest.downstream:type_name -> retryd.v1.Downstream
+	24, // 3: retryd.v1.FailedStepRequest.deadline:type_name -> google.protobuf.Timestamp
+	25, // 4: retryd.v1.FailedStepRequest.replay:type_name -> retryd.v1.Replay
+	4,  // 5: retryd.v1.FailedStepResponse.decision:type_name -> retryd.v1.Decision
+	26, // 6: retryd.v1.FailedStepResponse.event:type_name -> retryd.v1.Event
+	5,  // 7: retryd.v1.Decision.schedule:type_name -> retryd.v1.Schedule
+	6,  // 8: retryd.v1.Decision.delegate:type_name -> retryd.v1.Delegate
+	27, // 9: retryd.v1.Schedule.delay_source:type_name -> retryd.v1.DelaySource
+	24, // 10: retryd.v1.Schedule.due_at:type_name -> google.protobuf.Timestamp
+	28, // 11: retryd.v1.Schedule.mode:type_name -> retryd.v1.Mode
+	29, // 12: retryd.v1.Delegate.reason:type_name -> retryd.v1.DelegateReason
+	9,  // 13: retryd.v1.AwaitRetryResponse.state:type_name -> retryd.v1.RetryState
+	30, // 14: retryd.v1.AwaitRetryResponse.started:type_name -> retryd.v1.RetryStarted
+	31, // 15: retryd.v1.AwaitRetryResponse.cancelled:type_name -> retryd.v1.RetryCancelled
 	0,  // 16: retryd.v1.RetryState.status:type_name -> retryd.v1.RetryStatus
-	29, // 17: retryd.v1.RetryState.scheduled:type_name -> retryd.v1.RetryScheduled
-	27, // 18: retryd.v1.RetryState.started:type_name -> retryd.v1.RetryStarted
-	28, // 19: retryd.v1.RetryState.cancelled:type_name -> retryd.v1.RetryCancelled
-	8,  // 20: retryd.v1.CancelRetriesResponse.retries:type_name -> retryd.v1.RetryState
-	30, // 21: retryd.v1.StepSucceededResponse.closed:type_name -> retryd.v1.ChainClosed
-	15, // 22: retryd.v1.GetChainsResponse.chains:type_name -> retryd.v1.Chain
-	25, // 23: retryd.v1.Chain.mode:type_name -> retryd.v1.Mode
-	8,  // 24: retryd.v1.Chain.latest:type_name -> retryd.v1.RetryState
-	21, // 25: retryd.v1.Chain.updated_at:type_name -> google.protobuf.Timestamp
-	23, // 26: retryd.v1.WatchEventsResponse.event:type_name -> retryd.v1.Event
-	1,  // 27: retryd.v1.RetryService.FailedStep:input_type -> retryd.v1.FailedStepRequest
-	6,  // 28: retryd.v1.RetryService.AwaitRetry:input_type -> retryd.v1.AwaitRetryRequest
-	9,  // 29: retryd.v1.RetryService.CancelRetries:input_type -> retryd.v1.CancelRetriesRequest
-	11, // 30: retryd.v1.RetryService.StepSucceeded:input_type -> retryd.v1.StepSucceededRequest
-	13, // 31: retryd.v1.RetryService.GetChains:input_type -> retryd.v1.GetChainsRequest
-	16, // 32: retryd.v1.RetryService.WatchEvents:input_type -> retryd.v1.WatchEventsRequest
-	2,  // 33: retryd.v1.RetryService.FailedStep:output_type -> retryd.v1.FailedStepResponse
-	7,  // 34: retryd.v1.RetryService.AwaitRetry:output_type -> retryd.v1.AwaitRetryResponse
-	10, // 35: retryd.v1.RetryService.CancelRetries:output_type -> retryd.v1.CancelRetriesResponse
-	12, // 36: retryd.v1.RetryService.StepSucceeded:output_type -> retryd.v1.StepSucceededResponse
-	14, // 37: retryd.v1.RetryService.GetChains:output_type -> retryd.v1.GetChainsResponse
-	17, // 38: retryd.v1.RetryService.WatchEvents:output_type -> retryd.v1.WatchEventsResponse
-	33, // [33:39] is the sub-list for method output_type
-	27, // [27:33] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	32, // 17: retryd.v1.RetryState.scheduled:type_name -> retryd.v1.RetryScheduled
+	30, // 18: retryd.v1.RetryState.started:type_name -> retryd.v1.RetryStarted
+	31, // 19: retryd.v1.RetryState.cancelled:type_name -> retryd.v1.RetryCancelled
+	9,  // 20: retryd.v1.CancelRetriesResponse.retries:type_name -> retryd.v1.RetryState
+	33, // 21: retryd.v1.StepSucceededResponse.closed:type_name -> retryd.v1.ChainClosed
+	16, // 22: retryd.v1.GetChainsResponse.chains:type_name -> retryd.v1.Chain
+	28, // 23: retryd.v1.Chain.mode:type_name -> retryd.v1.Mode
+	9,  // 24: retryd.v1.Chain.latest:type_name -> retryd.v1.RetryState
+	24, // 25: retryd.v1.Chain.updated_at:type_name -> google.protobuf.Timestamp
+	26, // 26: retryd.v1.WatchEventsResponse.event:type_name -> retryd.v1.Event
+	1,  // 27: retryd.v1.GetProviderStateResponse.circuit:type_name -> retryd.v1.CircuitState
+	24, // 28: retryd.v1.GetProviderStateResponse.open_until:type_name -> google.protobuf.Timestamp
+	24, // 29: retryd.v1.GetProviderStateResponse.earliest_start:type_name -> google.protobuf.Timestamp
+	2,  // 30: retryd.v1.RetryService.FailedStep:input_type -> retryd.v1.FailedStepRequest
+	7,  // 31: retryd.v1.RetryService.AwaitRetry:input_type -> retryd.v1.AwaitRetryRequest
+	10, // 32: retryd.v1.RetryService.CancelRetries:input_type -> retryd.v1.CancelRetriesRequest
+	12, // 33: retryd.v1.RetryService.StepSucceeded:input_type -> retryd.v1.StepSucceededRequest
+	14, // 34: retryd.v1.RetryService.GetChains:input_type -> retryd.v1.GetChainsRequest
+	17, // 35: retryd.v1.RetryService.WatchEvents:input_type -> retryd.v1.WatchEventsRequest
+	19, // 36: retryd.v1.RetryService.GetProviderState:input_type -> retryd.v1.GetProviderStateRequest
+	3,  // 37: retryd.v1.RetryService.FailedStep:output_type -> retryd.v1.FailedStepResponse
+	8,  // 38: retryd.v1.RetryService.AwaitRetry:output_type -> retryd.v1.AwaitRetryResponse
+	11, // 39: retryd.v1.RetryService.CancelRetries:output_type -> retryd.v1.CancelRetriesResponse
+	13, // 40: retryd.v1.RetryService.StepSucceeded:output_type -> retryd.v1.StepSucceededResponse
+	15, // 41: retryd.v1.RetryService.GetChains:output_type -> retryd.v1.GetChainsResponse
+	18, // 42: retryd.v1.RetryService.WatchEvents:output_type -> retryd.v1.WatchEventsResponse
+	20, // 43: retryd.v1.RetryService.GetProviderState:output_type -> retryd.v1.GetProviderStateResponse
+	37, // [37:44] is the sub-list for method output_type
+	30, // [30:37] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_retryd_v1_retry_service_proto_init() }
@@ -1646,8 +1921,8 @@ func file_retryd_v1_retry_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_retryd_v1_retry_service_proto_rawDesc), len(file_retryd_v1_retry_service_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   17,
+			NumEnums:      2,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,12 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RetryService_FailedStep_FullMethodName    = "/retryd.v1.RetryService/FailedStep"
-	RetryService_AwaitRetry_FullMethodName    = "/retryd.v1.RetryService/AwaitRetry"
-	RetryService_CancelRetries_FullMethodName = "/retryd.v1.RetryService/CancelRetries"
-	RetryService_StepSucceeded_FullMethodName = "/retryd.v1.RetryService/StepSucceeded"
-	RetryService_GetChains_FullMethodName     = "/retryd.v1.RetryService/GetChains"
-	RetryService_WatchEvents_FullMethodName   = "/retryd.v1.RetryService/WatchEvents"
+	RetryService_FailedStep_FullMethodName       = "/retryd.v1.RetryService/FailedStep"
+	RetryService_AwaitRetry_FullMethodName       = "/retryd.v1.RetryService/AwaitRetry"
+	RetryService_CancelRetries_FullMethodName    = "/retryd.v1.RetryService/CancelRetries"
+	RetryService_StepSucceeded_FullMethodName    = "/retryd.v1.RetryService/StepSucceeded"
+	RetryService_GetChains_FullMethodName        = "/retryd.v1.RetryService/GetChains"
+	RetryService_WatchEvents_FullMethodName      = "/retryd.v1.RetryService/WatchEvents"
+	RetryService_GetProviderState_FullMethodName = "/retryd.v1.RetryService/GetProviderState"
 )
 
 // RetryServiceClient is the client API for RetryService service.
@@ -52,6 +53,9 @@ type RetryServiceClient interface {
 	GetChains(ctx context.Context, in *GetChainsRequest, opts ...grpc.CallOption) (*GetChainsResponse, error)
 	// WatchEvents streams the ordered event log, from after_sequence on.
 	WatchEvents(ctx context.Context, in *WatchEventsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEventsResponse], error)
+	// GetProviderState reads the fleet-protection state of one provider of
+	// the caller's tenant: its retry budget, failure rate, circuit and pacing.
+	GetProviderState(ctx context.Context, in *GetProviderStateRequest, opts ...grpc.CallOption) (*GetProviderStateResponse, error)
 }
 
 type retryServiceClient struct {
@@ -140,6 +144,16 @@ func (c *retryServiceClient) WatchEvents(ctx context.Context, in *WatchEventsReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RetryService_WatchEventsClient = grpc.ServerStreamingClient[WatchEventsResponse]
 
+func (c *retryServiceClient) GetProviderState(ctx context.Context, in *GetProviderStateRequest, opts ...grpc.CallOption) (*GetProviderStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetProviderStateResponse)
+	err := c.cc.Invoke(ctx, RetryService_GetProviderState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RetryServiceServer is the server API for RetryService service.
 // All implementations must embed UnimplementedRetryServiceServer
 // for forward compatibility.
@@ -165,6 +179,9 @@ type RetryServiceServer interface {
 	GetChains(context.Context, *GetChainsRequest) (*GetChainsResponse, error)
 	// WatchEvents streams the ordered event log, from after_sequence on.
 	WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error
+	// GetProviderState reads the fleet-protection state of one provider of
+	// the caller's tenant: its retry budget, failure rate, circuit and pacing.
+	GetProviderState(context.Context, *GetProviderStateRequest) (*GetProviderStateResponse, error)
 	mustEmbedUnimplementedRetryServiceServer()
 }
 
@@ -192,6 +209,9 @@ func (UnimplementedRetryServiceServer) GetChains(context.Context, *GetChainsRequ
 }
 func (UnimplementedRetryServiceServer) WatchEvents(*WatchEventsRequest, grpc.ServerStreamingServer[WatchEventsResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchEvents not implemented")
+}
+func (UnimplementedRetryServiceServer) GetProviderState(context.Context, *GetProviderStateRequest) (*GetProviderStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetProviderState not implemented")
 }
 func (UnimplementedRetryServiceServer) mustEmbedUnimplementedRetryServiceServer() {}
 func (UnimplementedRetryServiceServer) testEmbeddedByValue()                      {}
@@ -308,6 +328,24 @@ func _RetryService_WatchEvents_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RetryService_WatchEventsServer = grpc.ServerStreamingServer[WatchEventsResponse]
 
+func _RetryService_GetProviderState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetProviderStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RetryServiceServer).GetProviderState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RetryService_GetProviderState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RetryServiceServer).GetProviderState(ctx, req.(*GetProviderStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RetryService_ServiceDesc is the grpc.ServiceDesc for RetryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -330,6 +368,10 @@ var RetryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetChains",
 			Handler:    _RetryService_GetChains_Handler,
+		},
+		{
+			MethodName: "GetProviderState",
+			Handler:    _RetryService_GetProviderState_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

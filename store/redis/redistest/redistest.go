@@ -1,5 +1,7 @@
 // Package redistest starts throwaway redis-server processes for tests: on
-// a free loopback port, without persistence, stopped by PID.
+// a free loopback port, stopped by PID; without persistence (Start,
+// Shared), or with an append-only file in a directory of the test, to be
+// crashed or stopped and restarted on the same port (StartWith).
 package redistest
 
 import (
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -20,19 +23,115 @@ import (
 type Server struct {
 	// Addr is its host:port.
 	Addr string
-	cmd  *exec.Cmd
+	port int
+	args []string
+
+	mu   sync.Mutex
+	proc *process // nil while stopped
+}
+
+// process is one redis-server under its watchdog.
+type process struct {
+	cmd *exec.Cmd
 	// stdin keeps the watchdog alive; closing it (or this process ending)
 	// stops the server.
 	stdin io.WriteCloser
+	// pid is redis-server's own PID: the watchdog reaps it only after its
+	// stdin closed, so until then the PID cannot be reused.
+	pid int
 }
 
 // URL returns the server's redis:// URL for database db.
 func (s *Server) URL(db int) string { return "redis://" + s.Addr + "/" + strconv.Itoa(db) }
 
-// Stop stops the server by its PID and waits for it.
+// Stop stops the server by its PID and waits for it. It does nothing when
+// the server is stopped already.
 func (s *Server) Stop() {
-	s.stdin.Close()
-	s.cmd.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.stop()
+		s.proc = nil
+	}
+}
+
+func (p *process) stop() {
+	p.stdin.Close()
+	p.cmd.Wait()
+}
+
+// Kill sends sig to redis-server and waits until it exited: SIGKILL is a
+// crash (what its append-only file's fsync policy did not write is lost),
+// SIGTERM a clean shutdown (it writes and fsyncs its data first).
+func (s *Server) Kill(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return fmt.Errorf("redistest: redis-server on %s is not running", s.Addr)
+	}
+	pid := s.proc.pid
+	err := syscall.Kill(pid, sig)
+	// The watchdog then sends SIGTERM to a process that is exiting or gone
+	// (a zombie it has not reaped): neither changes how it ended.
+	s.proc.stop()
+	s.proc = nil
+	if err != nil {
+		return fmt.Errorf("redistest: kill -%d %d: %w", sig, pid, err)
+	}
+	return nil
+}
+
+// Restart starts redis-server again on the same port with the same
+// options, so a server with an append-only file (StartWith) reloads its
+// data. The server must have been stopped or killed.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		t.Fatalf("redistest: redis-server on %s is still running", s.Addr)
+	}
+	p, err := run(s.port, s.args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.proc = p
+}
+
+// Options configure a server started with StartWith.
+type Options struct {
+	// Dir is the server's working directory, where its append-only files
+	// live; empty means a new temporary directory of the test.
+	Dir string
+	// AppendOnly turns the append-only file on, with the fsync policy
+	// AppendFsync: "always", "everysec" (empty means Redis' default,
+	// everysec) or "no".
+	AppendOnly  bool
+	AppendFsync string
+}
+
+// StartWith starts a redis-server of the test's own with opts, stopped at
+// cleanup. Kill and Restart crash or stop it and bring it back on the same
+// port and directory.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	Skip(t)
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	args := []string{"--dir", opts.Dir}
+	if opts.AppendOnly {
+		args = append(args, "--appendonly", "yes")
+		if opts.AppendFsync != "" {
+			args = append(args, "--appendfsync", opts.AppendFsync)
+		}
+	}
+	s, err := start(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // Installed reports whether redis-server is on PATH.
@@ -86,21 +185,37 @@ func Prefix() string {
 	return fmt.Sprintf("t%d-%d:", time.Now().UnixNano(), prefixes.Add(1))
 }
 
-// start runs redis-server under a shell watchdog that kills it by PID as
-// soon as its stdin closes, so the server never outlives the test process.
-func start() (*Server, error) {
+// start runs redis-server on a free loopback port (see run), without
+// snapshots and, unless args turn it on, without an append-only file.
+func start(args ...string) (*Server, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := lis.Addr().(*net.TCPAddr).Port
 	lis.Close()
-	script := fmt.Sprintf(`redis-server --save "" --appendonly no --port %d --bind 127.0.0.1 >/dev/null 2>&1 &
+	args = append([]string{"--save", "", "--appendonly", "no"}, args...)
+	p, err := run(port, args)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, args: args, proc: p}, nil
+}
+
+// run starts redis-server on port under a shell watchdog that kills it by
+// PID as soon as its stdin closes, so the server never outlives the test
+// process, and waits until it answers PING.
+func run(port int, args []string) (*process, error) {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	script := fmt.Sprintf(`redis-server %s --port %d --bind 127.0.0.1 >/dev/null 2>&1 &
 pid=$!
 echo "pid $pid"
 read _
 kill $pid
-wait $pid`, port)
+wait $pid`, strings.Join(quoted, " "), port)
 	cmd := exec.Command("sh", "-c", script)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -114,23 +229,46 @@ wait $pid`, port)
 		return nil, fmt.Errorf("redistest: starting redis-server: %w", err)
 	}
 	line, _ := bufio.NewReader(stdout).ReadString('\n')
-	if !strings.HasPrefix(line, "pid ") {
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
+	if !strings.HasPrefix(line, "pid ") || err != nil {
 		stdin.Close()
 		cmd.Wait()
 		return nil, fmt.Errorf("redistest: redis-server did not start")
 	}
-	s := &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd, stdin: stdin}
+	p := &process{cmd: cmd, stdin: stdin, pid: pid}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.DialTimeout("tcp", s.Addr, time.Second)
+		err := ping(addr)
 		if err == nil {
-			c.Close()
-			return s, nil
+			return p, nil
 		}
 		if time.Now().After(deadline) {
-			s.Stop()
-			return nil, fmt.Errorf("redistest: redis-server on %s did not accept connections: %w", s.Addr, err)
+			p.stop()
+			return nil, fmt.Errorf("redistest: redis-server on %s does not answer PING: %w", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ping sends PING and expects PONG: a server still loading its
+// append-only file answers LOADING instead.
+func ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := io.WriteString(c, "PING\r\n"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") {
+		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
+	}
+	return nil
 }

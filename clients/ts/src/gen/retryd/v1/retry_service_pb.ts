@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file retryd/v1/retry_service.proto.
  */
 export const file_retryd_v1_retry_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch1yZXRyeWQvdjEvcmV0cnlfc2VydmljZS5wcm90bxIJcmV0cnlkLnYxIuECChFGYWlsZWRTdGVwUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEgwKBHR1cm4YAiABKAQSDAoEc3RlcBgDIAEoBBIXCg9sb2dpY2FsX3R1cm5faWQYBCABKAkSEAoIcHJvdmlkZXIYBSABKAkSKAoGcG9saWN5GAYgASgLMhYucmV0cnlkLnYxLlJldHJ5UG9saWN5SAASFQoLcG9saWN5X25hbWUYByABKAlIABIjCgdmYWlsdXJlGAggASgLMhIucmV0cnlkLnYxLkZhaWx1cmUSKQoKZG93bnN0cmVhbRgJIAEoDjIVLnJldHJ5ZC52MS5Eb3duc3RyZWFtEiwKCGRlYWRsaW5lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgZyZXBsYXkYCyABKA4yES5yZXRyeWQudjEuUmVwbGF5Qg8KDXBvbGljeV9zb3VyY2UiXAoSRmFpbGVkU3RlcFJlc3BvbnNlEiUKCGRlY2lzaW9uGAEgASgLMhMucmV0cnlkLnYxLkRlY2lzaW9uEh8KBWV2ZW50GAIgASgLMhAucmV0cnlkLnYxLkV2ZW50ImcKCERlY2lzaW9uEicKCHNjaGVkdWxlGAEgASgLMhMucmV0cnlkLnYxLlNjaGVkdWxlSAASJwoIZGVsZWdhdGUYAiABKAsyEy5yZXRyeWQudjEuRGVsZWdhdGVIAEIJCgdvdXRjb21lIvsBCghTY2hlZHVsZRIQCghyZXRyeV9pZBgBIAEoCRIUCgxyZXRyeV9udW1iZXIYAiABKA0SGAoLbWF4X3JldHJpZXMYAyABKA1IAIgBARIQCghkZWxheV9tcxgEIAEoBBIsCgxkZWxheV9zb3VyY2UYBSABKA4yFi5yZXRyeWQudjEuRGVsYXlTb3VyY2USKgoGZHVlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpwb2xpY3lfa2V5GAcgASgJEh0KBG1vZGUYCCABKA4yDy5yZXRyeWQudjEuTW9kZUIOCgxfbWF4X3JldHJpZXMiRQoIRGVsZWdhdGUSKQoGcmVhc29uGAEgASgOMhkucmV0cnlkLnYxLkRlbGVnYXRlUmVhc29uEg4KBmRldGFpbBgCIAEoCSIlChFBd2FpdFJldHJ5UmVxdWVzdBIQCghyZXRyeV9pZBgBIAEoCSKjAQoSQXdhaXRSZXRyeVJlc3BvbnNlEiYKBXN0YXRlGAEgASgLMhUucmV0cnlkLnYxLlJldHJ5U3RhdGVIABIqCgdzdGFydGVkGAIgASgLMhcucmV0cnlkLnYxLlJldHJ5U3RhcnRlZEgAEi4KCWNhbmNlbGxlZBgDIAEoCzIZLnJldHJ5ZC52MS5SZXRyeUNhbmNlbGxlZEgAQgkKB21lc3NhZ2Ui8gEKClJldHJ5U3RhdGUSEAoIcmV0cnlfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCRImCgZzdGF0dXMYAyABKA4yFi5yZXRyeWQudjEuUmV0cnlTdGF0dXMSLAoJc2NoZWR1bGVkGAQgASgLMhkucmV0cnlkLnYxLlJldHJ5U2NoZWR1bGVkEigKB3N0YXJ0ZWQYBSABKAsyFy5yZXRyeWQudjEuUmV0cnlTdGFydGVkEiwKCWNhbmNlbGxlZBgGIAEoCzIZLnJldHJ5ZC52MS5SZXRyeUNhbmNlbGxlZBIQCghhd2FpdGVycxgHIAEoDSJKChRDYW5jZWxSZXRyaWVzUmVxdWVzdBISCghyZXRyeV9pZBgBIAEoCUgAEhQKCnNlc3Npb25faWQYAiABKAlIAEIICgZ0YXJnZXQiXgoVQ2FuY2VsUmV0cmllc1Jlc3BvbnNlEiYKB3JldHJpZXMYASADKAsyFS5yZXRyeWQudjEuUmV0cnlTdGF0ZRIdChVkZWxlZ2F0aW9uc19jYW5jZWxsZWQYAiABKA0iWAoUU3RlcFN1Y2NlZWRlZFJlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIMCgR0dXJuGAIgASgEEgwKBHN0ZXAYAyABKAQSEAoIcHJvdmlkZXIYBCABKAkiPwoVU3RlcFN1Y2NlZWRlZFJlc3BvbnNlEiYKBmNsb3NlZBgBIAMoCzIWLnJldHJ5ZC52MS5DaGFpbkNsb3NlZCImChBHZXRDaGFpbnNSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkiUQoRR2V0Q2hhaW5zUmVzcG9uc2USIAoGY2hhaW5zGAEgAygLMhAucmV0cnlkLnYxLkNoYWluEgwKBHR1cm4YAiABKAQSDAoEc3RlcBgDIAEoBCLsAQoFQ2hhaW4SEAoIcHJvdmlkZXIYASABKAkSEgoKcG9saWN5X2tleRgCIAEoCRIdCgRtb2RlGAMgASgOMg8ucmV0cnlkLnYxLk1vZGUSDwoHcmV0cmllcxgEIAEoDRIYCgttYXhfcmV0cmllcxgFIAEoDUgAiAEBEgwKBG9wZW4YBiABKAgSJQoGbGF0ZXN0GAcgASgLMhUucmV0cnlkLnYxLlJldHJ5U3RhdGUSLgoKdXBkYXRlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXBCDgoMX21heF9yZXRyaWVzIlUKEldhdGNoRXZlbnRzUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgEEhMKC3N0b3BfYXRfZW5kGAMgASgIIjYKE1dhdGNoRXZlbnRzUmVzcG9uc2USHwoFZXZlbnQYASABKAsyEC5yZXRyeWQudjEuRXZlbnQqewoLUmV0cnlTdGF0dXMSHAoYUkVUUllfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUUkVUUllfU1RBVFVTX1BFTkRJTkcQARIYChRSRVRSWV9TVEFUVVNfU1RBUlRFRBACEhoKFlJFVFJZX1NUQVRVU19DQU5DRUxMRUQQAzLmAwoMUmV0cnlTZXJ2aWNlEkkKCkZhaWxlZFN0ZXASHC5yZXRyeWQudjEuRmFpbGVkU3RlcFJlcXVlc3QaHS5yZXRyeWQudjEuRmFpbGVkU3RlcFJlc3BvbnNlEksKCkF3YWl0UmV0cnkSHC5yZXRyeWQudjEuQXdhaXRSZXRyeVJlcXVlc3QaHS5yZXRyeWQudjEuQXdhaXRSZXRyeVJlc3BvbnNlMAESUgoNQ2FuY2VsUmV0cmllcxIfLnJldHJ5ZC52MS5DYW5jZWxSZXRyaWVzUmVxdWVzdBogLnJldHJ5ZC52MS5DYW5jZWxSZXRyaWVzUmVzcG9uc2USUgoNU3RlcFN1Y2NlZWRlZBIfLnJldHJ5ZC52MS5TdGVwU3VjY2VlZGVkUmVxdWVzdBogLnJldHJ5ZC52MS5TdGVwU3VjY2VlZGVkUmVzcG9uc2USRgoJR2V0Q2hhaW5zEhsucmV0cnlkLnYxLkdldENoYWluc1JlcXVlc3QaHC5yZXRyeWQudjEuR2V0Q2hhaW5zUmVzcG9uc2USTgoLV2F0Y2hFdmVudHMSHS5yZXRyeWQudjEuV2F0Y2hFdmVudHNSZXF1ZXN0Gh4ucmV0cnlkLnYxLldhdGNoRXZlbnRzUmVzcG9uc2UwAUIxWi9naXRodWIuY29tL3JldHJ5ZC9yZXRyeWQvZ2VuL3JldHJ5ZC92MTtyZXRyeWR2MWIGcHJvdG8z", [file_google_protobuf_timestamp, file_retryd_v1_events, file_retryd_v1_policy]);
+  fileDesc("Ch1yZXRyeWQvdjEvcmV0cnlfc2VydmljZS5wcm90bxIJcmV0cnlkLnYxIuECChFGYWlsZWRTdGVwUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJEgwKBHR1cm4YAiABKAQSDAoEc3RlcBgDIAEoBBIXCg9sb2dpY2FsX3R1cm5faWQYBCABKAkSEAoIcHJvdmlkZXIYBSABKAkSKAoGcG9saWN5GAYgASgLMhYucmV0cnlkLnYxLlJldHJ5UG9saWN5SAASFQoLcG9saWN5X25hbWUYByABKAlIABIjCgdmYWlsdXJlGAggASgLMhIucmV0cnlkLnYxLkZhaWx1cmUSKQoKZG93bnN0cmVhbRgJIAEoDjIVLnJldHJ5ZC52MS5Eb3duc3RyZWFtEiwKCGRlYWRsaW5lGAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIhCgZyZXBsYXkYCyABKA4yES5yZXRyeWQudjEuUmVwbGF5Qg8KDXBvbGljeV9zb3VyY2UiXAoSRmFpbGVkU3RlcFJlc3BvbnNlEiUKCGRlY2lzaW9uGAEgASgLMhMucmV0cnlkLnYxLkRlY2lzaW9uEh8KBWV2ZW50GAIgASgLMhAucmV0cnlkLnYxLkV2ZW50ImcKCERlY2lzaW9uEicKCHNjaGVkdWxlGAEgASgLMhMucmV0cnlkLnYxLlNjaGVkdWxlSAASJwoIZGVsZWdhdGUYAiABKAsyEy5yZXRyeWQudjEuRGVsZWdhdGVIAEIJCgdvdXRjb21lIosCCghTY2hlZHVsZRIQCghyZXRyeV9pZBgBIAEoCRIUCgxyZXRyeV9udW1iZXIYAiABKA0SGAoLbWF4X3JldHJpZXMYAyABKA1IAIgBARIQCghkZWxheV9tcxgEIAEoBBIsCgxkZWxheV9zb3VyY2UYBSABKA4yFi5yZXRyeWQudjEuRGVsYXlTb3VyY2USKgoGZHVlX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpwb2xpY3lfa2V5GAcgASgJEh0KBG1vZGUYCCABKA4yDy5yZXRyeWQudjEuTW9kZRIOCgZkZXRhaWwYCSABKAlCDgoMX21heF9yZXRyaWVzIkUKCERlbGVnYXRlEikKBnJlYXNvbhgBIAEoDjIZLnJldHJ5ZC52MS5EZWxlZ2F0ZVJlYXNvbhIOCgZkZXRhaWwYAiABKAkiJQoRQXdhaXRSZXRyeVJlcXVlc3QSEAoIcmV0cnlfaWQYASABKAkiowEKEkF3YWl0UmV0cnlSZXNwb25zZRImCgVzdGF0ZRgBIAEoCzIVLnJldHJ5ZC52MS5SZXRyeVN0YXRlSAASKgoHc3RhcnRlZBgCIAEoCzIXLnJldHJ5ZC52MS5SZXRyeVN0YXJ0ZWRIABIuCgljYW5jZWxsZWQYAyABKAsyGS5yZXRyeWQudjEuUmV0cnlDYW5jZWxsZWRIAEIJCgdtZXNzYWdlIvIBCgpSZXRyeVN0YXRlEhAKCHJldHJ5X2lkGAEgASgJEhIKCnNlc3Npb25faWQYAiABKAkSJgoGc3RhdHVzGAMgASgOMhYucmV0cnlkLnYxLlJldHJ5U3RhdHVzEiwKCXNjaGVkdWxlZBgEIAEoCzIZLnJldHJ5ZC52MS5SZXRyeVNjaGVkdWxlZBIoCgdzdGFydGVkGAUgASgLMhcucmV0cnlkLnYxLlJldHJ5U3RhcnRlZBIsCgljYW5jZWxsZWQYBiABKAsyGS5yZXRyeWQudjEuUmV0cnlDYW5jZWxsZWQSEAoIYXdhaXRlcnMYByABKA0iSgoUQ2FuY2VsUmV0cmllc1JlcXVlc3QSEgoIcmV0cnlfaWQYASABKAlIABIUCgpzZXNzaW9uX2lkGAIgASgJSABCCAoGdGFyZ2V0Il4KFUNhbmNlbFJldHJpZXNSZXNwb25zZRImCgdyZXRyaWVzGAEgAygLMhUucmV0cnlkLnYxLlJldHJ5U3RhdGUSHQoVZGVsZWdhdGlvbnNfY2FuY2VsbGVkGAIgASgNIlgKFFN0ZXBTdWNjZWVkZWRSZXF1ZXN0EhIKCnNlc3Npb25faWQYASABKAkSDAoEdHVybhgCIAEoBBIMCgRzdGVwGAMgASgEEhAKCHByb3ZpZGVyGAQgASgJIj8KFVN0ZXBTdWNjZWVkZWRSZXNwb25zZRImCgZjbG9zZWQYASADKAsyFi5yZXRyeWQudjEuQ2hhaW5DbG9zZWQiJgoQR2V0Q2hhaW5zUmVxdWVzdBISCgpzZXNzaW9uX2lkGAEgASgJIlEKEUdldENoYWluc1Jlc3BvbnNlEiAKBmNoYWlucxgBIAMoCzIQLnJldHJ5ZC52MS5DaGFpbhIMCgR0dXJuGAIgASgEEgwKBHN0ZXAYAyABKAQi7AEKBUNoYWluEhAKCHByb3ZpZGVyGAEgASgJEhIKCnBvbGljeV9rZXkYAiABKAkSHQoEbW9kZRgDIAEoDjIPLnJldHJ5ZC52MS5Nb2RlEg8KB3JldHJpZXMYBCABKA0SGAoLbWF4X3JldHJpZXMYBSABKA1IAIgBARIMCgRvcGVuGAYgASgIEiUKBmxhdGVzdBgHIAEoCzIVLnJldHJ5ZC52MS5SZXRyeVN0YXRlEi4KCnVwZGF0ZWRfYXQYCCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wQg4KDF9tYXhfcmV0cmllcyJVChJXYXRjaEV2ZW50c1JlcXVlc3QSEgoKc2Vzc2lvbl9pZBgBIAEoCRIWCg5hZnRlcl9zZXF1ZW5jZRgCIAEoBBITCgtzdG9wX2F0X2VuZBgDIAEoCCI2ChNXYXRjaEV2ZW50c1Jlc3BvbnNlEh8KBWV2ZW50GAEgASgLMhAucmV0cnlkLnYxLkV2ZW50IisKF0dldFByb3ZpZGVyU3RhdGVSZXF1ZXN0EhAKCHByb3ZpZGVyGAEgASgJIsMCChhHZXRQcm92aWRlclN0YXRlUmVzcG9uc2USEAoIcHJvdmlkZXIYASABKAkSEQoJcHJvdGVjdGVkGAIgASgIEhUKDWJ1ZGdldF90b2tlbnMYAyABKAESFwoPYnVkZ2V0X2NhcGFjaXR5GAQgASgBEhQKDGZhaWx1cmVfcmF0ZRgFIAEoARIWCg53aW5kb3dfc2FtcGxlcxgGIAEoDRIoCgdjaXJjdWl0GAcgASgOMhcucmV0cnlkLnYxLkNpcmN1aXRTdGF0ZRIuCgpvcGVuX3VudGlsGAggASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIyCg5lYXJsaWVzdF9zdGFydBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFgoOcXVldWVkX3JldHJpZXMYCiABKA0qewoLUmV0cnlTdGF0dXMSHAoYUkVUUllfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUUkVUUllfU1RBVFVTX1BFTkRJTkcQARIYChRSRVRSWV9TVEFUVVNfU1RBUlRFRBACEhoKFlJFVFJZX1NUQVRVU19DQU5DRUxMRUQQAyp8CgxDaXJjdWl0U3RhdGUSHQoZQ0lSQ1VJVF9TVEFURV9VTlNQRUNJRklFRBAAEhgKFENJUkNVSVRfU1RBVEVfQ0xPU0VEEAESFgoSQ0lSQ1VJVF9TVEFURV9PUEVOEAISGwoXQ0lSQ1VJVF9TVEFURV9IQUxGX09QRU4QAzLDBAoMUmV0cnlTZXJ2aWNlEkkKCkZhaWxlZFN0ZXASHC5yZXRyeWQudjEuRmFpbGVkU3RlcFJlcXVlc3QaHS5yZXRyeWQudjEuRmFpbGVkU3RlcFJlc3BvbnNlEksKCkF3YWl0UmV0cnkSHC5yZXRyeWQudjEuQXdhaXRSZXRyeVJlcXVlc3QaHS5yZXRyeWQudjEuQXdhaXRSZXRyeVJlc3BvbnNlMAESUgoNQ2FuY2VsUmV0cmllcxIfLnJldHJ5ZC52MS5DYW5jZWxSZXRyaWVzUmVxdWVzdBogLnJldHJ5ZC52MS5DYW5jZWxSZXRyaWVzUmVzcG9uc2USUgoNU3RlcFN1Y2NlZWRlZBIfLnJldHJ5ZC52MS5TdGVwU3VjY2VlZGVkUmVxdWVzdBogLnJldHJ5ZC52MS5TdGVwU3VjY2VlZGVkUmVzcG9uc2USRgoJR2V0Q2hhaW5zEhsucmV0cnlkLnYxLkdldENoYWluc1JlcXVlc3QaHC5yZXRyeWQudjEuR2V0Q2hhaW5zUmVzcG9uc2USTgoLV2F0Y2hFdmVudHMSHS5yZXRyeWQudjEuV2F0Y2hFdmVudHNSZXF1ZXN0Gh4ucmV0cnlkLnYxLldhdGNoRXZlbnRzUmVzcG9uc2UwARJbChBHZXRQcm92aWRlclN0YXRlEiIucmV0cnlkLnYxLkdldFByb3ZpZGVyU3RhdGVSZXF1ZXN0GiMucmV0cnlkLnYxLkdldFByb3ZpZGVyU3RhdGVSZXNwb25zZUIxWi9naXRodWIuY29tL3JldHJ5ZC9yZXRyeWQvZ2VuL3JldHJ5ZC92MTtyZXRyeWR2MWIGcHJvdG8z", [file_google_protobuf_timestamp, file_retryd_v1_events, file_retryd_v1_policy]);
 
 /**
  * FailedStepRequest reports one failed model request of an agent loop.
@@ -249,6 +249,14 @@ export type Schedule = Message<"retryd.v1.Schedule"> & {
    * @generated from field: retryd.v1.Mode mode = 8;
    */
   mode: Mode;
+
+  /**
+   * Why fleet protection lengthened the delay (budget, circuit, pacing);
+   * empty when the policy alone decided it.
+   *
+   * @generated from field: string detail = 9;
+   */
+  detail: string;
 };
 
 /**
@@ -729,6 +737,114 @@ export const WatchEventsResponseSchema: GenMessage<WatchEventsResponse> = /*@__P
   messageDesc(file_retryd_v1_retry_service, 16);
 
 /**
+ * GetProviderStateRequest names the provider to read.
+ *
+ * @generated from message retryd.v1.GetProviderStateRequest
+ */
+export type GetProviderStateRequest = Message<"retryd.v1.GetProviderStateRequest"> & {
+  /**
+   * The provider, as reported in FailedStep.
+   *
+   * @generated from field: string provider = 1;
+   */
+  provider: string;
+};
+
+/**
+ * Describes the message retryd.v1.GetProviderStateRequest.
+ * Use `create(GetProviderStateRequestSchema)` to create a new message.
+ */
+export const GetProviderStateRequestSchema: GenMessage<GetProviderStateRequest> = /*@__PURE__*/
+  messageDesc(file_retryd_v1_retry_service, 17);
+
+/**
+ * GetProviderStateResponse is the fleet-protection state of one provider of
+ * the caller's tenant, as of the response.
+ *
+ * @generated from message retryd.v1.GetProviderStateResponse
+ */
+export type GetProviderStateResponse = Message<"retryd.v1.GetProviderStateResponse"> & {
+  /**
+   * The provider.
+   *
+   * @generated from field: string provider = 1;
+   */
+  provider: string;
+
+  /**
+   * Whether fleet protection is configured for the provider; when false the
+   * other fields are zero and retries are decided by their policy alone.
+   *
+   * @generated from field: bool protected = 2;
+   */
+  protected: boolean;
+
+  /**
+   * Tokens in the retry budget (one per scheduled retry).
+   *
+   * @generated from field: double budget_tokens = 3;
+   */
+  budgetTokens: number;
+
+  /**
+   * The budget's capacity.
+   *
+   * @generated from field: double budget_capacity = 4;
+   */
+  budgetCapacity: number;
+
+  /**
+   * Failures / (failures + successes) over the sliding window.
+   *
+   * @generated from field: double failure_rate = 5;
+   */
+  failureRate: number;
+
+  /**
+   * How many reports the window holds.
+   *
+   * @generated from field: uint32 window_samples = 6;
+   */
+  windowSamples: number;
+
+  /**
+   * The circuit's state.
+   *
+   * @generated from field: retryd.v1.CircuitState circuit = 7;
+   */
+  circuit: CircuitState;
+
+  /**
+   * While open: when the open period ends.
+   *
+   * @generated from field: google.protobuf.Timestamp open_until = 8;
+   */
+  openUntil?: Timestamp | undefined;
+
+  /**
+   * The earliest time a retry against the provider may start (Retry-After
+   * received by any agent, or the circuit's open period), if in the future.
+   *
+   * @generated from field: google.protobuf.Timestamp earliest_start = 9;
+   */
+  earliestStart?: Timestamp | undefined;
+
+  /**
+   * Retries scheduled against the provider that have not started yet.
+   *
+   * @generated from field: uint32 queued_retries = 10;
+   */
+  queuedRetries: number;
+};
+
+/**
+ * Describes the message retryd.v1.GetProviderStateResponse.
+ * Use `create(GetProviderStateResponseSchema)` to create a new message.
+ */
+export const GetProviderStateResponseSchema: GenMessage<GetProviderStateResponse> = /*@__PURE__*/
+  messageDesc(file_retryd_v1_retry_service, 18);
+
+/**
  * RetryStatus is where a scheduled retry is in its life.
  *
  * @generated from enum retryd.v1.RetryStatus
@@ -768,6 +884,49 @@ export enum RetryStatus {
  */
 export const RetryStatusSchema: GenEnum<RetryStatus> = /*@__PURE__*/
   enumDesc(file_retryd_v1_retry_service, 0);
+
+/**
+ * CircuitState is the state of a provider's circuit.
+ *
+ * @generated from enum retryd.v1.CircuitState
+ */
+export enum CircuitState {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: CIRCUIT_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Retries start when their backoff ends.
+   *
+   * @generated from enum value: CIRCUIT_STATE_CLOSED = 1;
+   */
+  CLOSED = 1,
+
+  /**
+   * The provider's failure rate crossed the threshold: no retry starts
+   * before the open period ends.
+   *
+   * @generated from enum value: CIRCUIT_STATE_OPEN = 2;
+   */
+  OPEN = 2,
+
+  /**
+   * The open period ended: a limited number of probe retries start first;
+   * their outcome closes or re-opens the circuit.
+   *
+   * @generated from enum value: CIRCUIT_STATE_HALF_OPEN = 3;
+   */
+  HALF_OPEN = 3,
+}
+
+/**
+ * Describes the enum retryd.v1.CircuitState.
+ */
+export const CircuitStateSchema: GenEnum<CircuitState> = /*@__PURE__*/
+  enumDesc(file_retryd_v1_retry_service, 1);
 
 /**
  * RetryService decides, for a whole fleet of agent loops, whether a failed
@@ -841,6 +1000,17 @@ export const RetryService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchEventsRequestSchema;
     output: typeof WatchEventsResponseSchema;
+  },
+  /**
+   * GetProviderState reads the fleet-protection state of one provider of
+   * the caller's tenant: its retry budget, failure rate, circuit and pacing.
+   *
+   * @generated from rpc retryd.v1.RetryService.GetProviderState
+   */
+  getProviderState: {
+    methodKind: "unary";
+    input: typeof GetProviderStateRequestSchema;
+    output: typeof GetProviderStateResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_retryd_v1_retry_service, 0);

@@ -1,0 +1,118 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// profileTarget runs one more saturation phase against t, after the
+// measured ones and not part of the table, and collects the server's CPU
+// profile over it and a heap profile (after a GC) at its end, through the
+// server's net/http/pprof (retryd --metrics-listen … --pprof, bench/echo
+// --pprof). It writes <dir>/<name>.cpu.pprof, <name>.heap.pprof and
+// <name>.top.txt (go tool pprof -top, flat and cumulative) and returns
+// their paths. A target without a profile endpoint (gubernator, a
+// retryd@base that predates --pprof) is skipped.
+func profileTarget(ctx context.Context, t *target, cfg Config, dir string) ([]string, error) {
+	if t.proc.metricsAddr == "" {
+		return nil, nil
+	}
+	name := strings.ReplaceAll(t.name, " ", "-")
+	secs := max(int(cfg.Duration.Round(time.Second)/time.Second), 1)
+	callers := make([]caller, cfg.Workers)
+	for i := range callers {
+		rng := rand.New(rand.NewPCG(uint64(cfg.Rounds+1), uint64(i)))
+		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, "prof-")
+	}
+	if cfg.Warmup > 0 {
+		if _, err := drive(ctx, callers, cfg.Warmup, 0, 0); err != nil {
+			return nil, err
+		}
+	}
+	base := "http://" + t.proc.metricsAddr + "/debug/pprof/"
+	if !served(ctx, base) {
+		return nil, nil // a retryd@base without --pprof
+	}
+	cpuFile := filepath.Join(dir, name+".cpu.pprof")
+	got := make(chan error, 1)
+	go func() { got <- fetch(ctx, fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile) }()
+	// The load runs a little longer than the profile, so the profile
+	// covers load only.
+	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := <-got; err != nil {
+		return nil, err
+	}
+	if st.errors > 0 {
+		return nil, fmt.Errorf("profiling %s: %d errors, first: %s", t.name, st.errors, st.firstError)
+	}
+	heapFile := filepath.Join(dir, name+".heap.pprof")
+	if err := fetch(ctx, base+"heap?gc=1", heapFile); err != nil {
+		return nil, err
+	}
+	topFile := filepath.Join(dir, name+".top.txt")
+	var top strings.Builder
+	fmt.Fprintf(&top, "%s: CPU profile of %d s of saturation load (%d calls, %.0f rps); server CPU per call is in the results table\n\n",
+		t.name, secs, st.calls, float64(st.calls)/st.elapsed.Seconds())
+	for _, args := range [][]string{{"-top", "-nodecount=40"}, {"-top", "-cum", "-nodecount=60"}} {
+		out, err := exec.CommandContext(ctx, "go", append(append([]string{"tool", "pprof"}, args...), cpuFile)...).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("go tool pprof %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		fmt.Fprintf(&top, "$ go tool pprof %s %s\n%s\n", strings.Join(args, " "), filepath.Base(cpuFile), out)
+	}
+	if err := os.WriteFile(topFile, []byte(top.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return []string{cpuFile, heapFile, topFile}, nil
+}
+
+// served reports whether url answers 200 OK.
+func served(ctx context.Context, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// fetch GETs url (on loopback) into file.
+func fetch(ctx context.Context, url, file string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, b)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	return f.Close()
+}

@@ -1,0 +1,694 @@
+package service
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Admission control. Every bound is checked in the service, before the
+// store sees the request, so a refusal records nothing on any backend.
+//
+// The FailedStep bounds count what the event log says is held: a
+// Scheduled event opens a pending retry (and its chain, when that chain
+// was not open), Started and Cancelled of that retry end it, ChainClosed
+// closes a chain (succeeded, cancelled, exhausted or expired); a session
+// is active while it has an open chain or a pending retry. Delegated
+// events open nothing. The counts are built by Observe, which follows the
+// whole log (on Redis the global one, so every replica converges on the
+// same counts) and starts from the oldest retained event, which rebuilds
+// them after a restart of a durable store.
+//
+// The log lags a decision by a moment, so an admitted FailedStep that may
+// add work holds a reservation of what it may add, from the admission
+// until the log shows its Scheduled event (or at once, when it scheduled
+// nothing): concurrent calls on this replica can never pass a bound
+// together. Each decision is counted once — from the log — and the
+// reservation makes up for the lag, so seeing one's own decision both as
+// an outcome and as an event never counts it twice.
+//
+// Only work that may be new is refused. A request that cannot add
+// anything passes even at a bound: a session with a pending retry (the
+// engine answers RETRY_PENDING or repeats its answer), a repeated or stale
+// report, a failure the policy certainly delegates (no provider, ABORTED,
+// unsafe replay, always mode's handshake, a code it does not retry, a
+// used-up budget — which closes the chain —, a Retry-After over the cap,
+// a deadline even the shortest delay misses), and a failure on a session
+// that is already active when only the session bound is full.
+
+// Limits bounds the work the service accepts. A zero (or negative) field
+// is unlimited. Per-tenant limits are checked before the server's, so one
+// tenant's storm meets its own limit before it can fill the server's.
+type Limits struct {
+	// PendingRetriesPerTenant bounds one tenant's scheduled retries that
+	// have neither started nor been cancelled.
+	PendingRetriesPerTenant int
+	// PendingRetries bounds all tenants' pending retries together.
+	PendingRetries int
+	// OpenChainsPerTenant bounds one tenant's open retry chains.
+	OpenChainsPerTenant int
+	// OpenChains bounds all tenants' open chains together.
+	OpenChains int
+	// ActiveSessionsPerTenant bounds one tenant's sessions with an open
+	// chain or a pending retry.
+	ActiveSessionsPerTenant int
+	// AwaitersPerRetry bounds the AwaitRetry streams this replica holds
+	// for one retry id.
+	AwaitersPerRetry int
+	// Awaiters bounds all AwaitRetry streams this replica holds.
+	Awaiters int
+	// Forget is a backstop for events the counts never saw (a log that
+	// overran its reader, a Redis key that expired on its own): a session
+	// counted as active whose last event is older than Forget — or, with a
+	// pending retry, whose retry fell due longer than Forget ago — is no
+	// longer counted. Zero: never. The server sets twice the chain TTL
+	// plus the abandon grace, well after the store itself forgets it.
+	Forget time.Duration
+}
+
+// tracks reports whether a FailedStep bound is set, so that the log must
+// be counted.
+func (l Limits) tracks() bool {
+	return l.PendingRetriesPerTenant > 0 || l.PendingRetries > 0 || l.OpenChainsPerTenant > 0 ||
+		l.OpenChains > 0 || l.ActiveSessionsPerTenant > 0
+}
+
+// WithLimits turns admission control on (see Limits). FailedStep bounds
+// are counted from the event log by Observe, which must run.
+func WithLimits(l Limits) Option {
+	return optionFunc(func(s *Service) { s.limits = l })
+}
+
+// admissionRetryDelay is the google.rpc.RetryInfo delay of a refusal:
+// long enough for pending retries to start (backoffs are about half a
+// second to ten), short enough not to idle an agent.
+const admissionRetryDelay = time.Second
+
+// reservationTimeout releases a reservation whose Scheduled event the log
+// never showed (the observer stopped, or the log overran it).
+const reservationTimeout = time.Minute
+
+// bound names one limit.
+type bound int
+
+const (
+	boundPendingPerTenant bound = iota
+	boundPending
+	boundChainsPerTenant
+	boundChains
+	boundSessionsPerTenant
+	boundAwaitersPerRetry
+	boundAwaiters
+	numBounds
+)
+
+// bounds describes each limit: its id (the metric's bound attribute and
+// QuotaFailure's quota_id) and what it counts.
+var bounds = [numBounds]struct{ id, what string }{
+	boundPendingPerTenant:  {"pending_retries_per_tenant", "pending retries per tenant"},
+	boundPending:           {"pending_retries", "pending retries"},
+	boundChainsPerTenant:   {"open_chains_per_tenant", "open chains per tenant"},
+	boundChains:            {"open_chains", "open chains"},
+	boundSessionsPerTenant: {"active_sessions_per_tenant", "active sessions per tenant"},
+	boundAwaitersPerRetry:  {"awaiters_per_retry", "awaiters per retry"},
+	boundAwaiters:          {"awaiters", "awaiters"},
+}
+
+// counts are what admission control counts of one tenant or of all.
+type counts struct{ pending, chains, sessions int }
+
+func (c *counts) add(d counts, sign int) {
+	c.pending += sign * d.pending
+	c.chains += sign * d.chains
+	c.sessions += sign * d.sessions
+}
+
+// tenantCounts are one tenant's counts: held (from the log) and reserved
+// (admitted, not yet in the log).
+type tenantCounts struct {
+	id               string
+	logged, reserved counts
+}
+
+// trackedSession is an active session as the log shows it.
+type trackedSession struct {
+	tenant  *tenantCounts
+	pending string    // the pending retry's id, or ""
+	due     time.Time // the pending retry's due time
+	chains  []trackedChain
+	// The latest reported position and the downstream phases decided at
+	// it (bit 1<<phase), to let repeated reports through.
+	turn, step uint64
+	phases     uint8
+	last       time.Time // the time of its latest event
+}
+
+type trackedChain struct {
+	provider, policyKey string
+	retries             uint32
+}
+
+func (s *trackedSession) chain(provider, policyKey string) int {
+	for i := range s.chains {
+		if s.chains[i].provider == provider && s.chains[i].policyKey == policyKey {
+			return i
+		}
+	}
+	return -1
+}
+
+// at moves the session to a reported position; it reports whether the
+// event is at the latest position.
+func (s *trackedSession) at(turn, step uint64) bool {
+	if turn > s.turn || turn == s.turn && step > s.step {
+		s.turn, s.step, s.phases = turn, step, 0
+	}
+	return turn == s.turn && step == s.step
+}
+
+// reservation is what one admitted FailedStep may add, held until the log
+// shows its decision.
+type reservation struct {
+	session string
+	tenant  *tenantCounts
+	need    counts
+	seq     uint64    // the Scheduled event's sequence, once decided
+	until   time.Time // released then at the latest
+	index   int       // in the waiting heap
+}
+
+// waitingHeap orders reservations by the sequence the log must reach.
+type waitingHeap []*reservation
+
+func (h waitingHeap) Len() int           { return len(h) }
+func (h waitingHeap) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h waitingHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *waitingHeap) Push(x any) {
+	r := x.(*reservation)
+	r.index = len(*h)
+	*h = append(*h, r)
+}
+func (h *waitingHeap) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	r.index = -1
+	return r
+}
+
+// admission enforces Limits. A nil *admission admits everything.
+type admission struct {
+	limits    Limits
+	now       func() time.Time
+	log       *slog.Logger
+	refused   metric.Int64Counter
+	boundOpts [numBounds][]metric.AddOption
+
+	awaitMu  sync.Mutex
+	awaiting map[string]int // scope + retry id → this replica's streams
+	awaiters int
+
+	// The FailedStep bounds' counts; used only when limits.tracks().
+	mu       sync.Mutex
+	tenants  map[string]*tenantCounts
+	logged   counts // every tenant's
+	reserved counts
+	sessions map[string]*trackedSession // stored session id → active session
+	// ahead maps a session to the reservation of a retry this replica
+	// scheduled there that the log has not shown yet: for the log's
+	// view, the session has a pending retry.
+	ahead     map[string]*reservation
+	waiting   waitingHeap
+	seen      uint64 // the newest sequence the log showed
+	nextSweep time.Time
+}
+
+// newAdmission returns the admission control of l, or nil when l bounds
+// nothing.
+func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.MeterProvider) (*admission, error) {
+	if !l.tracks() && l.AwaitersPerRetry <= 0 && l.Awaiters <= 0 {
+		return nil, nil
+	}
+	a := &admission{
+		limits: l, now: now, log: log,
+		awaiting: make(map[string]int),
+		tenants:  make(map[string]*tenantCounts),
+		sessions: make(map[string]*trackedSession),
+		ahead:    make(map[string]*reservation),
+	}
+	if mp == nil {
+		mp = metricnoop.NewMeterProvider()
+	}
+	m := mp.Meter(instrumentationName)
+	var err error
+	if a.refused, err = m.Int64Counter("retryd.admission.refused", metric.WithUnit("{call}"),
+		metric.WithDescription("Calls refused RESOURCE_EXHAUSTED by admission control, by the bound they met.")); err != nil {
+		return nil, err
+	}
+	for b := range numBounds {
+		a.boundOpts[b] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("bound", bounds[b].id)))}
+	}
+	pending, err := m.Int64ObservableGauge("retryd.admission.retries.pending", metric.WithUnit("{retry}"),
+		metric.WithDescription("Pending retries of every tenant as admission control counts them (from the event log)."))
+	if err != nil {
+		return nil, err
+	}
+	chains, err := m.Int64ObservableGauge("retryd.admission.chains.open", metric.WithUnit("{chain}"),
+		metric.WithDescription("Open chains of every tenant as admission control counts them (from the event log)."))
+	if err != nil {
+		return nil, err
+	}
+	sessions, err := m.Int64ObservableGauge("retryd.admission.sessions.active", metric.WithUnit("{session}"),
+		metric.WithDescription("Sessions with an open chain or a pending retry, as admission control counts them."))
+	if err != nil {
+		return nil, err
+	}
+	awaiters, err := m.Int64ObservableGauge("retryd.admission.awaiters", metric.WithUnit("{stream}"),
+		metric.WithDescription("AwaitRetry streams this replica holds."))
+	if err != nil {
+		return nil, err
+	}
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		a.mu.Lock()
+		held := a.logged
+		a.mu.Unlock()
+		a.awaitMu.Lock()
+		n := a.awaiters
+		a.awaitMu.Unlock()
+		o.ObserveInt64(pending, int64(held.pending))
+		o.ObserveInt64(chains, int64(held.chains))
+		o.ObserveInt64(sessions, int64(held.sessions))
+		o.ObserveInt64(awaiters, int64(n))
+		return nil
+	}, pending, chains, sessions, awaiters)
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// refusal is the RESOURCE_EXHAUSTED status of a call that met bound b.
+func (a *admission) refusal(b bound, limit int, subject string, dims map[string]string) error {
+	a.refused.Add(context.Background(), 1, a.boundOpts[b]...)
+	desc := fmt.Sprintf("%s: limit %d reached", bounds[b].what, limit)
+	msg := "admission refused: " + desc + " for " + subject + "; nothing was recorded, try again later"
+	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
+		&errdetails.ErrorInfo{Reason: "LIMIT_REACHED", Domain: errorDomain,
+			Metadata: map[string]string{"bound": bounds[b].id, "limit": strconv.Itoa(limit)}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(admissionRetryDelay)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject: subject, Description: desc,
+			QuotaId: bounds[b].id, QuotaValue: int64(limit), QuotaDimensions: dims,
+		}}},
+	)
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return st.Err()
+}
+
+// await counts one AwaitRetry stream of retryID for the caller's scope,
+// or refuses it; call leave when the stream ends.
+func (a *admission) await(scope, retryID string) (leave func(), err error) {
+	if a == nil {
+		return func() {}, nil
+	}
+	key := scope + retryID
+	a.awaitMu.Lock()
+	defer a.awaitMu.Unlock()
+	if l := a.limits.AwaitersPerRetry; l > 0 && a.awaiting[key] >= l {
+		return nil, a.refusal(boundAwaitersPerRetry, l, "retry:"+retryID, map[string]string{"retry_id": retryID})
+	}
+	if l := a.limits.Awaiters; l > 0 && a.awaiters >= l {
+		return nil, a.refusal(boundAwaiters, l, "server", nil)
+	}
+	a.awaiting[key]++
+	a.awaiters++
+	return func() {
+		a.awaitMu.Lock()
+		defer a.awaitMu.Unlock()
+		if a.awaiting[key]--; a.awaiting[key] <= 0 {
+			delete(a.awaiting, key)
+		}
+		a.awaiters--
+	}, nil
+}
+
+// admit admits a validated failure or refuses it. An admitted failure
+// that may add work holds the returned reservation: pass it to decided.
+func (a *admission) admit(f engine.Failure) (*reservation, error) {
+	if a == nil || !a.limits.tracks() || f.Policy == nil {
+		return nil, nil // no provider: delegated, nothing is held
+	}
+	req := f.Request
+	sid := req.GetSessionId()
+	now := a.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.sweep(now)
+	ss := a.sessions[sid]
+	if (ss != nil && ss.pending != "") || a.ahead[sid] != nil {
+		return nil, nil // a pending retry: refused RETRY_PENDING, or repeated
+	}
+	need := counts{pending: 1}
+	if ss == nil || ss.chain(req.GetProvider(), f.Policy.Key) < 0 {
+		need.chains = 1
+	}
+	if ss == nil {
+		need.sessions = 1
+	}
+	tenantID, _ := SplitSessionID(sid)
+	t := a.tenants[tenantID]
+	if t == nil {
+		t = &tenantCounts{id: tenantID}
+	}
+	if b, limit, over := a.over(t, need); over {
+		if !a.mayAdd(f, ss, now) {
+			return nil, nil
+		}
+		if b == boundPending || b == boundChains {
+			return nil, a.refusal(b, limit, "server", nil)
+		}
+		return nil, a.refusal(b, limit, "tenant:"+tenantID, map[string]string{"tenant": tenantID})
+	}
+	a.tenants[tenantID] = t
+	r := &reservation{session: sid, tenant: t, need: need, index: -1}
+	t.reserved.add(need, 1)
+	a.reserved.add(need, 1)
+	return r, nil
+}
+
+// over returns the first bound that need would pass: the tenant's before
+// the server's.
+func (a *admission) over(t *tenantCounts, need counts) (bound, int, bool) {
+	l := a.limits
+	for _, c := range []struct {
+		b                   bound
+		limit, held, wanted int
+	}{
+		{boundPendingPerTenant, l.PendingRetriesPerTenant, t.logged.pending + t.reserved.pending, need.pending},
+		{boundChainsPerTenant, l.OpenChainsPerTenant, t.logged.chains + t.reserved.chains, need.chains},
+		{boundSessionsPerTenant, l.ActiveSessionsPerTenant, t.logged.sessions + t.reserved.sessions, need.sessions},
+		{boundPending, l.PendingRetries, a.logged.pending + a.reserved.pending, need.pending},
+		{boundChains, l.OpenChains, a.logged.chains + a.reserved.chains, need.chains},
+	} {
+		if c.limit > 0 && c.wanted > 0 && c.held+c.wanted > c.limit {
+			return c.b, c.limit, true
+		}
+	}
+	return 0, 0, false
+}
+
+// zeroRand makes Decide choose the shortest delay of its jitter range.
+type zeroRand struct{}
+
+func (zeroRand) Float64() float64 { return 0 }
+
+// downstreamPhase is the engine's phase of a report: unspecified is the
+// first, not asked.
+func downstreamPhase(d retrydv1.Downstream) retrydv1.Downstream {
+	if d == retrydv1.Downstream_DOWNSTREAM_UNSPECIFIED {
+		return retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+	}
+	return d
+}
+
+// mayAdd reports whether a failure may schedule a retry, as far as the
+// log shows: false only when it certainly cannot (see the package
+// comment above). Called at a bound only.
+func (a *admission) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bool {
+	req, p := f.Request, f.Policy
+	phase := downstreamPhase(req.GetDownstream())
+	var retries uint32
+	if ss != nil {
+		turn, step := req.GetTurn(), req.GetStep()
+		if turn < ss.turn || turn == ss.turn && step < ss.step {
+			return false // stale
+		}
+		if turn == ss.turn && step == ss.step && ss.phases&(1<<phase) != 0 {
+			return false // repeated (or conflicting): answered from the record
+		}
+		if i := ss.chain(req.GetProvider(), p.Key); i >= 0 {
+			retries = ss.chains[i].retries
+		}
+	}
+	at := policy.Attempt{
+		Retries: retries, Code: req.GetFailure().GetCode(), RetryAfter: f.RetryAfter,
+		Downstream: phase, Replay: req.GetReplay(),
+	}
+	if d := req.GetDeadline(); d != nil {
+		at.Deadline, at.HasDeadline = d.AsTime(), true
+	}
+	// The shortest delay: if even it misses the deadline, every one does.
+	// Fleet protection only turns a schedule into a delegation or a later
+	// start, never the reverse.
+	return p.Decide(at, now, zeroRand{}).Schedule
+}
+
+// decided ends an admitted failure's admission: its reservation is
+// released at once unless it scheduled a retry the log has not shown yet.
+func (a *admission) decided(r *reservation, out engine.FailOutcome, err error) {
+	if r == nil {
+		return
+	}
+	var seq uint64
+	if err == nil && out.Scheduled != nil {
+		seq = out.Response.GetEvent().GetSequence()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if seq == 0 || seq <= a.seen {
+		a.release(r)
+		return
+	}
+	r.seq, r.until = seq, a.now().Add(reservationTimeout)
+	heap.Push(&a.waiting, r)
+	if prev := a.ahead[r.session]; prev == nil || prev.seq < seq {
+		a.ahead[r.session] = r
+	}
+}
+
+func (a *admission) release(r *reservation) {
+	r.tenant.reserved.add(r.need, -1)
+	a.reserved.add(r.need, -1)
+	if a.ahead[r.session] == r {
+		delete(a.ahead, r.session)
+	}
+	a.forgetIdle(r.tenant)
+}
+
+// forgetIdle drops a tenant that holds and reserves nothing.
+func (a *admission) forgetIdle(t *tenantCounts) {
+	if t.logged == (counts{}) && t.reserved == (counts{}) {
+		delete(a.tenants, t.id)
+	}
+}
+
+// observe counts one event of the log, in log order.
+func (a *admission) observe(ev *retrydv1.Event) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.apply(ev)
+	if seq := ev.GetSequence(); seq > a.seen {
+		a.seen = seq
+	}
+	for len(a.waiting) > 0 && a.waiting[0].seq <= a.seen {
+		a.release(heap.Pop(&a.waiting).(*reservation))
+	}
+}
+
+// apply changes the counts by one event.
+func (a *admission) apply(ev *retrydv1.Event) {
+	id := ev.GetSessionId()
+	ss := a.sessions[id]
+	switch k := ev.GetKind().(type) {
+	case *retrydv1.Event_Scheduled:
+		sc := k.Scheduled
+		if ss == nil {
+			tenantID, _ := SplitSessionID(id)
+			t := a.tenants[tenantID]
+			if t == nil {
+				t = &tenantCounts{id: tenantID}
+				a.tenants[tenantID] = t
+			}
+			ss = &trackedSession{tenant: t}
+			a.sessions[id] = ss
+			a.hold(t, counts{sessions: 1}, 1)
+		}
+		if ss.at(sc.GetTurn(), sc.GetStep()) {
+			// Scheduling phases: only declined in always mode; the other
+			// modes ignore the phase, so any report of the step repeats.
+			if sc.GetMode() == retrydv1.Mode_MODE_ALWAYS {
+				ss.phases |= 1 << retrydv1.Downstream_DOWNSTREAM_DECLINED
+			} else {
+				ss.phases = 0xff
+			}
+		}
+		i := ss.chain(sc.GetProvider(), sc.GetPolicyKey())
+		if i < 0 {
+			ss.chains = append(ss.chains, trackedChain{provider: sc.GetProvider(), policyKey: sc.GetPolicyKey()})
+			i = len(ss.chains) - 1
+			a.hold(ss.tenant, counts{chains: 1}, 1)
+		}
+		ss.chains[i].retries = sc.GetRetryNumber()
+		if ss.pending == "" {
+			a.hold(ss.tenant, counts{pending: 1}, 1)
+		}
+		ss.pending, ss.due = sc.GetRetryId(), sc.GetDueAt().AsTime()
+	case *retrydv1.Event_Delegated:
+		if dg := k.Delegated; ss != nil && ss.at(dg.GetTurn(), dg.GetStep()) {
+			if p := downstreamPhase(dg.GetDownstream()); p < 8 {
+				ss.phases |= 1 << p
+			}
+		}
+	case *retrydv1.Event_Started:
+		if ss != nil && ss.pending != "" && ss.pending == k.Started.GetRetryId() {
+			ss.pending = ""
+			a.hold(ss.tenant, counts{pending: 1}, -1)
+		}
+	case *retrydv1.Event_Cancelled:
+		if ss != nil && ss.pending != "" && ss.pending == k.Cancelled.GetRetryId() {
+			ss.pending = ""
+			a.hold(ss.tenant, counts{pending: 1}, -1)
+		}
+	case *retrydv1.Event_Closed:
+		if ss != nil {
+			if i := ss.chain(k.Closed.GetProvider(), k.Closed.GetPolicyKey()); i >= 0 {
+				ss.chains = append(ss.chains[:i], ss.chains[i+1:]...)
+				a.hold(ss.tenant, counts{chains: 1}, -1)
+			}
+		}
+	}
+	if ss == nil {
+		return
+	}
+	ss.last = ev.GetTime().AsTime()
+	if ss.pending == "" && len(ss.chains) == 0 {
+		a.untrack(id, ss)
+	}
+}
+
+// hold changes what the log shows t (and everyone) holding.
+func (a *admission) hold(t *tenantCounts, d counts, sign int) {
+	t.logged.add(d, sign)
+	a.logged.add(d, sign)
+}
+
+// untrack forgets a session that holds nothing more (or that the backstop
+// gave up on), with whatever it still held.
+func (a *admission) untrack(id string, ss *trackedSession) {
+	held := counts{chains: len(ss.chains), sessions: 1}
+	if ss.pending != "" {
+		held.pending = 1
+	}
+	a.hold(ss.tenant, held, -1)
+	delete(a.sessions, id)
+	a.forgetIdle(ss.tenant)
+}
+
+// sweepInterval bounds how often sweep looks for what the log never ended.
+func (a *admission) sweepInterval() time.Duration {
+	return min(max(a.limits.Forget/16, time.Second), time.Minute)
+}
+
+// sweep releases reservations whose decision the log never showed, and
+// (with Limits.Forget) stops counting sessions whose end it never showed.
+// It looks at most once per sweepInterval.
+func (a *admission) sweep(now time.Time) {
+	if now.Before(a.nextSweep) {
+		return
+	}
+	a.nextSweep = now.Add(a.sweepInterval())
+	for i := 0; i < len(a.waiting); {
+		if r := a.waiting[i]; now.After(r.until) {
+			heap.Remove(&a.waiting, i)
+			a.release(r)
+			continue
+		}
+		i++
+	}
+	forget := a.limits.Forget
+	if forget <= 0 {
+		return
+	}
+	forgotten := 0
+	for id, ss := range a.sessions {
+		since := ss.last
+		if ss.pending != "" && ss.due.After(since) {
+			since = ss.due
+		}
+		if now.Sub(since) > forget {
+			a.untrack(id, ss)
+			forgotten++
+		}
+	}
+	if forgotten > 0 {
+		a.log.Warn("admission control forgot active sessions whose end the event log never showed",
+			"sessions", forgotten, "forget_after", forget)
+	}
+}
+
+// countingStore is the store as Observe follows it: every event of the
+// log is counted for admission control first, and the log is followed
+// again from where it stopped when the store was unavailable for a while.
+type countingStore struct {
+	Store
+	a *admission
+}
+
+// observed returns the store Observe follows.
+func (s *Service) observed() Store {
+	if s.adm == nil || !s.adm.limits.tracks() {
+		return s.store
+	}
+	return countingStore{Store: s.store, a: s.adm}
+}
+
+// observeRetryDelay is how long Observe waits before it follows the log
+// again after the store was unavailable.
+const observeRetryDelay = time.Second
+
+// WatchEvents implements Store.
+func (c countingStore) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
+	after := req.GetAfterSequence()
+	for {
+		r := proto.CloneOf(req)
+		r.AfterSequence = after
+		err := c.Store.WatchEvents(ctx, r, func(ev *retrydv1.Event) error {
+			c.a.observe(ev)
+			after = max(after, ev.GetSequence())
+			return send(ev)
+		})
+		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return err
+		}
+		c.a.log.Warn("following the event log failed; admission counts wait for it", "err", err,
+			"after_sequence", after, "retry_in", observeRetryDelay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(observeRetryDelay):
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package service_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/memory"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/protobuf/proto"
+)
+
+// BenchmarkFailedStep measures one decision through the service in
+// process: validation, policy resolution, telemetry (a real metrics SDK,
+// as with --metrics-listen, and no tracing) and the memory store, without
+// gRPC. Each case is one entry of retryd-bench's mix; an op is one
+// FailedStep on one of 1024 sessions, followed by CancelRetries of the
+// session when it scheduled a retry (as the load does), so allocs/op
+// counts both calls. The always case reports each step twice
+// (downstream_first, then declined).
+//
+//	go test -run '^$' -bench FailedStep -benchmem ./service/
+func BenchmarkFailedStep(b *testing.B) {
+	full := &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_NORMAL, MaxRetries: proto.Uint32(5),
+		Backoff: &retrydv1.Backoff{InitialDelayMs: proto.Uint64(200), MaxDelayMs: proto.Uint64(5000),
+			Multiplier: proto.Float64(2), Jitter: retrydv1.Jitter_JITTER_FULL}}
+	for _, bc := range []struct {
+		name     string
+		provider string
+		policy   *retrydv1.RetryPolicy
+		failure  *retrydv1.Failure
+		always   bool
+	}{
+		{"default-policy", "deepseek", nil, &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}, false},
+		{"inline-schedule", "anthropic", &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_SCHEDULE},
+			&retrydv1.Failure{Code: "HTTP_529", HttpStatus: 529}, false},
+		{"inline-full-jitter", "openai", full, &retrydv1.Failure{Code: "TRANSPORT"}, false},
+		{"delegated", "deepseek", nil, &retrydv1.Failure{Code: "INVALID_REQUEST", HttpStatus: 400}, false},
+		{"inline-always", "openai", &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_ALWAYS},
+			&retrydv1.Failure{Code: "SERVER", HttpStatus: 500}, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			store := memory.New(memory.Config{})
+			defer store.Close()
+			svc, err := service.New(store, service.WithMeterProvider(
+				sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			const sessions = 1024
+			ids := make([]string, sessions)
+			steps := make([]uint64, sessions)
+			for i := range ids {
+				ids[i] = "bench-session-" + strconv.Itoa(i)
+			}
+			report := func(i int, ds retrydv1.Downstream) {
+				// A fresh request per call, as gRPC decodes one; its
+				// policy and failure are shared (a decoded request's
+				// would be fresh too).
+				req := &retrydv1.FailedStepRequest{SessionId: ids[i], Turn: 1, Step: steps[i],
+					Provider: bc.provider, Failure: bc.failure, Downstream: ds}
+				if bc.policy != nil {
+					req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: bc.policy}
+				}
+				resp, err := svc.FailedStep(ctx, req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if resp.GetDecision().GetSchedule() != nil {
+					if _, err := svc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+						Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: ids[i]}}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportAllocs()
+			for n := 0; b.Loop(); n++ {
+				i := n % sessions
+				steps[i]++
+				report(i, retrydv1.Downstream_DOWNSTREAM_NOT_ASKED)
+				if bc.always {
+					report(i, retrydv1.Downstream_DOWNSTREAM_DECLINED)
+				}
+			}
+		})
+	}
+}

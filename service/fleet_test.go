@@ -1,0 +1,146 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// fleetPolicies protect "deepseek" with a budget of two retries that
+// practically never refills, and "openai" with a circuit that opens after
+// three failures; "mistral" is not protected.
+const fleetPolicies = `
+providers:
+  deepseek:
+    fleet: {capacity: 2, refillPerSecond: 0.0001, successCredit: 0, disableCircuit: true, maxFleetRetryAfterMs: 0}
+  openai:
+    fleet: {disableBudget: true, minSamples: 3, failureThreshold: 0.5, openForMs: 4000, spreadWindowMs: 1000}
+  groq:
+    fleet: {disableBudget: true, disableCircuit: true, maxFleetRetryAfterMs: 8000, spreadWindowMs: 0}
+`
+
+func providerState(t *testing.T, h *harness, ctx context.Context, provider string) *retrydv1.GetProviderStateResponse {
+	t.Helper()
+	st, err := h.client.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: provider})
+	if err != nil {
+		t.Fatalf("GetProviderState(%s): %v", provider, err)
+	}
+	return st
+}
+
+// TestFleetBudget: the provider's budget is shared by every session of a
+// tenant: once it is empty, normal mode delegates (fleet_budget_exhausted)
+// and schedule mode is paced to at most its cap; another provider and
+// another tenant keep their own budgets.
+func TestFleetBudget(t *testing.T) {
+	eachBackend(t, harnessOpts{policies: fleetPolicies}, func(t *testing.T, h *harness) {
+		ctx := context.Background()
+		for i := range 2 {
+			s := h.schedule(failure(fmt.Sprintf("b%d", i), 1, 1, "deepseek", "RATE_LIMIT", fast(100)))
+			if s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_BACKOFF || s.GetDetail() != "" {
+				t.Errorf("retry %d within the budget: %v", i, s)
+			}
+		}
+		resp := h.fail(failure("b2", 1, 1, "deepseek", "RATE_LIMIT", fast(100)))
+		dg := resp.GetDecision().GetDelegate()
+		if dg.GetReason() != retrydv1.DelegateReason_DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED || dg.GetDetail() == "" {
+			t.Fatalf("third retry with the budget empty: %v, want fleet_budget_exhausted", resp.GetDecision())
+		}
+		if resp.GetEvent().GetDelegated().GetReason() != retrydv1.DelegateReason_DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED {
+			t.Errorf("the event log does not say why: %v", resp.GetEvent())
+		}
+
+		// Schedule mode must not end: it is paced, at most to its cap.
+		sched := &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_SCHEDULE, Schedule: []uint64{100}, TailDelayMs: proto.Uint64(3000)}
+		s := h.schedule(failure("paced", 1, 1, "deepseek", "SERVER", sched))
+		if s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_FLEET_BUDGET || s.GetDelayMs() > 3000 || s.GetDelayMs() < 100 ||
+			!strings.Contains(s.GetDetail(), "budget") {
+			t.Errorf("schedule mode with the budget empty: %v, want paced by the budget within [100, 3000] ms", s)
+		}
+
+		st := providerState(t, h, ctx, "deepseek")
+		if !st.GetProtected() || st.GetBudgetCapacity() != 2 || st.GetBudgetTokens() > 0.01 || st.GetQueuedRetries() != 3 {
+			t.Errorf("deepseek's state: %v, want protected, capacity 2, no tokens left (the refill is 0.0001/s), 3 queued", st)
+		}
+		// Cancelling a queued retry takes it out of the queue (the service
+		// learns it from the event log, so wait for it).
+		if _, err := h.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: "b0"}}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { return providerState(t, h, ctx, "deepseek").GetQueuedRetries() == 2 })
+
+		// Another tenant, and an unprotected provider, are untouched.
+		if s := h.schedule(failure("b9", 1, 1, "mistral", "RATE_LIMIT", fast(100))); s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_BACKOFF {
+			t.Errorf("unprotected provider: %v", s)
+		}
+		if st := providerState(t, h, ctx, "mistral"); st.GetProtected() {
+			t.Errorf("mistral reported protected: %v", st)
+		}
+		resp, err := h.client.FailedStep(as("team-b"), failure("b0", 1, 1, "deepseek", "RATE_LIMIT", fast(100)))
+		if err != nil || resp.GetDecision().GetSchedule() == nil {
+			t.Errorf("another tenant's first retry: %v %v, want scheduled from its own budget", resp.GetDecision(), err)
+		}
+		if st := providerState(t, h, as("team-b"), "deepseek"); st.GetBudgetTokens() < 0.99 || st.GetBudgetTokens() > 1.01 {
+			t.Errorf("team-b's deepseek budget: %v tokens, want 1", st.GetBudgetTokens())
+		}
+	})
+}
+
+// TestFleetCircuit: failures over the threshold open the provider's
+// circuit; retries scheduled then wait for the open period, at most to the
+// policy's cap, and say so.
+func TestFleetCircuit(t *testing.T) {
+	eachBackend(t, harnessOpts{policies: fleetPolicies}, func(t *testing.T, h *harness) {
+		ctx := context.Background()
+		for i := range 3 {
+			h.fail(failure(fmt.Sprintf("c%d", i), 1, 1, "openai", "SERVER", fast(100)))
+		}
+		st := providerState(t, h, ctx, "openai")
+		if st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_OPEN || st.GetOpenUntil() == nil || st.GetFailureRate() != 1 {
+			t.Fatalf("after 3 failures out of 3: %v, want the circuit open", st)
+		}
+		s := h.schedule(failure("c9", 1, 1, "openai", "SERVER", fast(100)))
+		if s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_CIRCUIT_OPEN || s.GetDelayMs() < 3000 || s.GetDelayMs() > 10_000 ||
+			!strings.Contains(s.GetDetail(), "circuit") {
+			t.Errorf("retry while open: %v, want held by the circuit for about its 4 s, at most the 10 s cap", s)
+		}
+		// The other providers' circuits are not affected.
+		if st := providerState(t, h, ctx, "groq"); st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_CLOSED {
+			t.Errorf("groq: %v", st)
+		}
+	})
+}
+
+// TestFleetRetryAfter: one agent's provider Retry-After holds every agent's
+// retries against the provider.
+func TestFleetRetryAfter(t *testing.T) {
+	eachBackend(t, harnessOpts{policies: fleetPolicies}, func(t *testing.T, h *harness) {
+		first := failure("r0", 1, 1, "groq", "RATE_LIMIT", fast(100))
+		first.Failure.ProviderRetryAfterMs = proto.Int64(6000)
+		if s := h.schedule(first); s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_RETRY_AFTER {
+			t.Fatalf("the agent that got Retry-After: %v", s)
+		}
+		s := h.schedule(failure("r1", 1, 1, "groq", "RATE_LIMIT", fast(100)))
+		if s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_PACING || s.GetDelayMs() < 5000 || s.GetDelayMs() > 6100 {
+			t.Errorf("another agent's retry: %v, want held by the fleet-wide Retry-After (about 6 s)", s)
+		}
+		if st := providerState(t, h, context.Background(), "groq"); st.GetEarliestStart() == nil {
+			t.Errorf("groq's state shows no earliest start: %v", st)
+		}
+	})
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached within 10 s")
+		}
+	}
+}

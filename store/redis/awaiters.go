@@ -1,0 +1,112 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Awaiters. A retry starts when it is due and an agent awaits it on any
+// replica, and is abandoned when nobody awaited it within the grace; so
+// every replica must know how many AwaitRetry streams wait for a retry,
+// including those held by other replicas, and a replica that dies (kill -9,
+// a lost node) must stop counting at once.
+//
+// Each stream therefore owns one field of retryd:{SESSION}:aw, named
+// "RETRYID TOKEN" (TOKEN is random per stream), whose value is the unix
+// millisecond at which its lease ends. The stream's own goroutine writes it
+// when it attaches, renews it every awaiterRenew while it waits, and
+// deletes it when it leaves; a field counts only while its lease runs. A
+// dead replica's fields stop counting within awaiterLease and are deleted
+// by the next transaction that writes the session. Only the owner ever
+// writes a field, so a renewal can never bring back a field its stream
+// already deleted; a transaction may delete an expired field of a stream
+// that is merely late, and that stream's next renewal writes it again.
+//
+// Leases compare wall clocks of different replicas (and Redis holds none of
+// them): replicas' clocks must agree to well within awaiterLease, as they
+// must for due times anyway.
+const (
+	// awaiterLease is how long an awaiter entry counts without a renewal.
+	awaiterLease = 6 * time.Second
+	// awaiterRenew is how often a waiting stream renews its entry; a
+	// stream wakes at least every recheckInterval, so an entry is renewed
+	// at least twice before its lease ends.
+	awaiterRenew = 2 * time.Second
+)
+
+// awaiter is one AwaitRetry stream's entry in its session's awaiter hash.
+type awaiter struct {
+	s       *Store
+	key     string
+	field   string
+	renewed time.Time
+}
+
+// awaiterField names one stream's entry: retry ids never hold a space.
+func awaiterField(retryID, token string) string { return retryID + " " + token }
+
+// countAwaiters returns the live awaiter entries per retry of one awaiter
+// hash, and the fields whose lease ended (to be deleted). now is in unix
+// milliseconds.
+func countAwaiters(fields map[string]string, now int64) (live map[string]int64, expired []string) {
+	live = map[string]int64{}
+	for f, v := range fields {
+		retryID, _, _ := strings.Cut(f, " ")
+		until, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || until <= now {
+			expired = append(expired, f)
+			continue
+		}
+		live[retryID]++
+	}
+	return live, expired
+}
+
+// attach registers a stream as an awaiter of a retry of a session.
+func (s *Store) attach(ctx context.Context, sessionID, retryID string) (*awaiter, error) {
+	a := &awaiter{s: s, key: s.awaitersKey(sessionID), field: awaiterField(retryID, rand.Text())}
+	if err := a.renew(ctx); err != nil {
+		return nil, err
+	}
+	s.awaiting.Add(1)
+	return a, nil
+}
+
+// renew writes the entry with a fresh lease (again, if a transaction
+// deleted it while this stream was late).
+func (a *awaiter) renew(ctx context.Context) error {
+	now := time.Now()
+	_, err := a.s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, a.key, a.field, strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10))
+		p.PExpire(ctx, a.key, a.s.cfg.ChainTTL+a.s.cfg.AbandonGrace+ttlMargin)
+		return nil
+	})
+	if err != nil {
+		return unavailable("registering an awaiter", err)
+	}
+	a.renewed = now
+	return nil
+}
+
+// renewIfDue renews the entry once awaiterRenew passed since the last time.
+func (a *awaiter) renewIfDue(ctx context.Context) error {
+	if time.Since(a.renewed) < awaiterRenew {
+		return nil
+	}
+	return a.renew(ctx)
+}
+
+// detach deletes the entry. It runs when the stream ends, also when the
+// caller left, so it has a context of its own; if Redis cannot be reached
+// the entry stops counting when its lease ends.
+func (a *awaiter) detach(ctx context.Context) {
+	a.s.awaiting.Add(-1)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	defer cancel()
+	a.s.rdb.HDel(dctx, a.key, a.field)
+}

@@ -1,0 +1,72 @@
+package redis
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+)
+
+// Expiry. A session idle for the chain TTL is forgotten, and its open
+// chains are logged as closed (reason expired) first, exactly as the memory
+// and file stores do, so that the log shows why its numbering restarts. A
+// Redis key TTL alone would drop the session silently; so every write of a
+// session also sets its expiry timer in retryd:timers, next to the retries'
+// timers, and the replica whose transaction wins handles it: it logs the
+// closes and deletes the session's keys, and every other replica's
+// transaction finds the session gone and does nothing. The keys' own TTL
+// lasts ttlMargin longer: a backstop that bounds Redis' memory when no
+// replica runs, and the only case in which a session goes without its
+// expired events.
+
+// expiryTimer is the retry id part of a session's expiry timer member: no
+// retry id is empty, so " SESSION" never names a retry.
+const expiryTimer = ""
+
+// expiresAt is when a session expires if nothing happens to it: the chain
+// TTL after its last change. A session with a pending retry is kept at
+// least until the retry was abandoned (then it changes, and its TTL starts
+// again), as the memory store keeps it.
+func (s *Store) expiresAt(sess *engine.Session) time.Time {
+	at := sess.Updated.Add(s.cfg.ChainTTL)
+	if r := sess.Pending(); r != nil {
+		if abandon := r.Due.Add(s.cfg.AbandonGrace).Add(s.cfg.ChainTTL); abandon.After(at) {
+			at = abandon
+		}
+	}
+	return at
+}
+
+// expireSession handles a session's expiry timer: it forgets the session
+// when it is due, and otherwise sets the timer again.
+func (s *Store) expireSession(ctx context.Context, sessionID string) error {
+	return s.update(ctx, sessionID, s.expiry)
+}
+
+// expiry is expireSession's transition.
+func (s *Store) expiry(t *txn) error {
+	switch {
+	case t.sess == nil:
+		t.clearTimer(expiryTimer)
+	case t.sess.Pending() != nil || t.env.Now.Before(s.expiresAt(t.sess)):
+		t.timer(expiryTimer, score(s.expiresAt(t.sess)))
+	default:
+		t.events = append(t.events, t.sess.Expire(t.env)...)
+		// Transitions after this one in the group see no session.
+		t.gone, t.sess, t.write = t.sess, nil, true
+		t.clearTimer(expiryTimer)
+	}
+	return nil
+}
+
+// forget queues the deletion of an expired session's keys, before the
+// writes of a session created anew in the same transaction; its stream
+// keeps its TTL, so that WatchEvents of the session still shows why it
+// ended.
+func (s *Store) forget(ctx context.Context, p redis.Pipeliner, t *txn) {
+	p.Del(ctx, s.sessionKey(t.id), s.awaitersKey(t.id))
+	for _, r := range t.gone.Retries() {
+		p.Del(ctx, s.retryKey(r.ID))
+	}
+}

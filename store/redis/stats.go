@@ -1,0 +1,98 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/service"
+)
+
+var _ service.StatsSource = (*Store)(nil)
+
+// Population gauges. Counting sessions, open chains and pending retries by
+// scanning Redis would cost a SCAN of every key per metrics scrape; instead
+// the transactions that change sessions keep three counters in the hash
+// retryd:stats. A transaction knows each session as it read it (under
+// WATCH) and as it writes it, so it adds the exact difference, with
+// HINCRBY inside the same MULTI/EXEC: the counters change atomically with
+// the sessions, on whichever replica. A scrape reads them with one HMGET.
+//
+// The counters are of the whole Redis (every replica reports the same
+// values: aggregate them with max, not sum); awaiters are the connected
+// AwaitRetry streams of this replica (sum them). They drift only when a
+// session's keys disappear without a transaction: when Redis drops them at
+// their backstop TTL because no replica ran for ttlMargin past their
+// expiry, or when someone deletes keys by hand. A scrape never reports a
+// negative count.
+
+// statsTimeout bounds the HMGET of a scrape; past it the last values read
+// are reported again.
+const statsTimeout = time.Second
+
+// population is what one session adds to the counters.
+type population struct {
+	sessions, chains, pending int64
+}
+
+func populationOf(sess *engine.Session) population {
+	if sess == nil {
+		return population{}
+	}
+	p := population{sessions: 1, chains: int64(sess.OpenChains())}
+	if sess.Pending() != nil {
+		p.pending = 1
+	}
+	return p
+}
+
+func (p population) add(q population) population {
+	return population{p.sessions + q.sessions, p.chains + q.chains, p.pending + q.pending}
+}
+
+// delta is what the transaction changes in the counters.
+func (t *txn) delta() population {
+	after := populationOf(t.sess) // nil once expired
+	return population{after.sessions - t.before.sessions, after.chains - t.before.chains,
+		after.pending - t.before.pending}
+}
+
+// count queues the counters' changes in a MULTI.
+func (s *Store) count(ctx context.Context, p redis.Pipeliner, d population) {
+	for _, f := range []struct {
+		name string
+		n    int64
+	}{{"sessions", d.sessions}, {"chains", d.chains}, {"pending", d.pending}} {
+		if f.n != 0 {
+			p.HIncrBy(ctx, s.statsKey(), f.name, f.n)
+		}
+	}
+}
+
+// Stats implements service.StatsSource with one HMGET of the counters.
+func (s *Store) Stats() service.Stats {
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	vals, err := s.rdb.HMGet(ctx, s.statsKey(), "sessions", "chains", "pending").Result()
+	s.statsMu.Lock()
+	defer s.statsMu.Unlock()
+	if err == nil {
+		s.stats = service.Stats{Sessions: counter(vals[0]), OpenChains: counter(vals[1]), PendingRetries: counter(vals[2])}
+	}
+	st := s.stats
+	st.Awaiters = s.awaiting.Load()
+	return st
+}
+
+// counter reads one HMGET value: absent is 0, and so is a negative count
+// (see the drift above).
+func counter(v any) int64 {
+	str, _ := v.(string)
+	n, err := strconv.ParseInt(str, 10, 64)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
+}

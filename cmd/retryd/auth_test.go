@@ -361,3 +361,72 @@ func TestHashTokenAndCheckCredentials(t *testing.T) {
 		t.Errorf("check-credentials bad: %v %q, want a failure naming the file and tenants[1].id", err, out)
 	}
 }
+
+// TestAuthTenantIsolation: through the binary, with real tokens, the same
+// session id in two tenants is two sessions, and team-b cannot see,
+// await or cancel team-a's session or retry: each answers exactly like an
+// unknown id.
+func TestAuthTenantIsolation(t *testing.T) {
+	t.Parallel()
+	creds := filepath.Join(t.TempDir(), "credentials.yaml")
+	writeCredentials(t, creds, teamFile([]string{tokenTeamA}, []string{tokenTeamB}, "", ""))
+	srv := retrydtest.Start(t, "--auth-credentials", creds)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	connA, connB := tokenConn(t, srv, tokenTeamA), tokenConn(t, srv, tokenTeamB)
+	a, b := retrydv1.NewRetryServiceClient(connA), retrydv1.NewRetryServiceClient(connB)
+
+	ra, err := a.FailedStep(ctx, report("openai", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := b.FailedStep(ctx, report("openai", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, sb := ra.GetDecision().GetSchedule(), rb.GetDecision().GetSchedule()
+	if sa.GetRetryNumber() != 1 || sb.GetRetryNumber() != 1 || sa.GetRetryId() == sb.GetRetryId() {
+		t.Fatalf("team-a %v, team-b %v: want two sessions, each at retry 1", sa, sb)
+	}
+	if _, err := a.FailedStep(ctx, &retrydv1.FailedStepRequest{SessionId: "only-a", Turn: 1, Step: 1, Provider: "openai",
+		Failure: &retrydv1.Failure{Code: "SERVER"}}); err != nil {
+		t.Fatal(err)
+	}
+
+	notFound := func(what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.NotFound {
+			t.Errorf("team-b %s: %v, want NOT_FOUND", what, err)
+		}
+	}
+	_, err = b.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: "only-a"})
+	notFound("GetChains(team-a's session)", err)
+	_, err = b.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: sa.GetRetryId()}})
+	notFound("CancelRetries(team-a's retry)", err)
+	stream, err := b.AwaitRetry(ctx, &retrydv1.AwaitRetryRequest{RetryId: sa.GetRetryId()})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	notFound("AwaitRetry(team-a's retry)", err)
+
+	// team-a's retry is untouched, and each log holds its own tenant's
+	// sessions only, under the ids the tenant sent.
+	chains, err := a.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: "auth"})
+	if err != nil || chains.GetChains()[0].GetLatest().GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+		t.Errorf("team-a's retry after team-b's calls: %v %v, want pending", chains, err)
+	}
+	for conn, want := range map[*grpc.ClientConn]int{connA: 2, connB: 1} {
+		evs, err := retrydtest.Events(ctx, conn, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sessions := map[string]bool{}
+		for _, ev := range evs {
+			sessions[ev.GetSessionId()] = true
+		}
+		if len(sessions) != want || !sessions["auth"] {
+			t.Errorf("a tenant's log shows sessions %v, want %d of its own", sessions, want)
+		}
+		retrydtest.Verify(t, conn)
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/retryd/retryd/service"
 )
 
 // Config is every setting of `retryd serve`. Each field has a flag and an
@@ -104,6 +106,35 @@ type Config struct {
 	// a change (flag --auth-reload-interval, env
 	// RETRYD_AUTH_RELOAD_INTERVAL).
 	AuthReloadInterval time.Duration
+
+	// Admission control (service.Limits): over one of these bounds a call
+	// is refused RESOURCE_EXHAUSTED and records nothing. 0 is unlimited,
+	// except for MaxAwaitersPerRetry.
+	//
+	// MaxPendingRetriesPerTenant bounds one tenant's pending retries (flag
+	// --max-pending-retries-per-tenant, env
+	// RETRYD_MAX_PENDING_RETRIES_PER_TENANT).
+	MaxPendingRetriesPerTenant int
+	// MaxPendingRetries bounds every tenant's pending retries together
+	// (flag --max-pending-retries, env RETRYD_MAX_PENDING_RETRIES).
+	MaxPendingRetries int
+	// MaxOpenChainsPerTenant bounds one tenant's open chains (flag
+	// --max-open-chains-per-tenant, env RETRYD_MAX_OPEN_CHAINS_PER_TENANT).
+	MaxOpenChainsPerTenant int
+	// MaxOpenChains bounds every tenant's open chains together (flag
+	// --max-open-chains, env RETRYD_MAX_OPEN_CHAINS).
+	MaxOpenChains int
+	// MaxActiveSessionsPerTenant bounds one tenant's sessions with an open
+	// chain or a pending retry (flag --max-active-sessions-per-tenant, env
+	// RETRYD_MAX_ACTIVE_SESSIONS_PER_TENANT).
+	MaxActiveSessionsPerTenant int
+	// MaxAwaitersPerRetry bounds the AwaitRetry streams this replica holds
+	// for one retry; at least 1 (flag --max-awaiters-per-retry, env
+	// RETRYD_MAX_AWAITERS_PER_RETRY).
+	MaxAwaitersPerRetry int
+	// MaxAwaiters bounds all AwaitRetry streams this replica holds (flag
+	// --max-awaiters, env RETRYD_MAX_AWAITERS).
+	MaxAwaiters int
 }
 
 // TLSEnabled reports whether the gRPC port speaks TLS.
@@ -153,6 +184,14 @@ func DefaultConfig() Config {
 		MaxConnectionAgeGrace: 30 * time.Second,
 		UnaryTimeout:          10 * time.Second,
 		AuthReloadInterval:    5 * time.Second,
+
+		MaxPendingRetriesPerTenant: 20_000,
+		MaxPendingRetries:          50_000,
+		MaxOpenChainsPerTenant:     40_000,
+		MaxOpenChains:              100_000,
+		MaxActiveSessionsPerTenant: 20_000,
+		MaxAwaitersPerRetry:        8,
+		MaxAwaiters:                20_000,
 	}
 }
 
@@ -185,6 +224,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.UnaryTimeout, "unary-timeout", c.UnaryTimeout, "bound on every unary call; streams are not bounded (env RETRYD_UNARY_TIMEOUT)")
 	fs.StringVar(&c.AuthCredentials, "auth-credentials", c.AuthCredentials, "credentials file (tenants, token hashes, client certificates); empty: no authentication (env RETRYD_AUTH_CREDENTIALS)")
 	fs.DurationVar(&c.AuthReloadInterval, "auth-reload-interval", c.AuthReloadInterval, "how often the credentials file is checked for a change (env RETRYD_AUTH_RELOAD_INTERVAL)")
+	fs.IntVar(&c.MaxPendingRetriesPerTenant, "max-pending-retries-per-tenant", c.MaxPendingRetriesPerTenant, "pending retries one tenant may hold; 0: unlimited (env RETRYD_MAX_PENDING_RETRIES_PER_TENANT)")
+	fs.IntVar(&c.MaxPendingRetries, "max-pending-retries", c.MaxPendingRetries, "pending retries of all tenants together; 0: unlimited (env RETRYD_MAX_PENDING_RETRIES)")
+	fs.IntVar(&c.MaxOpenChainsPerTenant, "max-open-chains-per-tenant", c.MaxOpenChainsPerTenant, "open chains one tenant may hold; 0: unlimited (env RETRYD_MAX_OPEN_CHAINS_PER_TENANT)")
+	fs.IntVar(&c.MaxOpenChains, "max-open-chains", c.MaxOpenChains, "open chains of all tenants together; 0: unlimited (env RETRYD_MAX_OPEN_CHAINS)")
+	fs.IntVar(&c.MaxActiveSessionsPerTenant, "max-active-sessions-per-tenant", c.MaxActiveSessionsPerTenant, "sessions with an open chain or pending retry one tenant may hold; 0: unlimited (env RETRYD_MAX_ACTIVE_SESSIONS_PER_TENANT)")
+	fs.IntVar(&c.MaxAwaitersPerRetry, "max-awaiters-per-retry", c.MaxAwaitersPerRetry, "AwaitRetry streams per retry on this replica; at least 1 (env RETRYD_MAX_AWAITERS_PER_RETRY)")
+	fs.IntVar(&c.MaxAwaiters, "max-awaiters", c.MaxAwaiters, "AwaitRetry streams on this replica; 0: unlimited (env RETRYD_MAX_AWAITERS)")
 }
 
 // EnvNames maps each flag to its environment variable.
@@ -215,6 +261,14 @@ var EnvNames = map[string]string{
 	"unary-timeout":            "RETRYD_UNARY_TIMEOUT",
 	"auth-credentials":         "RETRYD_AUTH_CREDENTIALS",
 	"auth-reload-interval":     "RETRYD_AUTH_RELOAD_INTERVAL",
+
+	"max-pending-retries-per-tenant": "RETRYD_MAX_PENDING_RETRIES_PER_TENANT",
+	"max-pending-retries":            "RETRYD_MAX_PENDING_RETRIES",
+	"max-open-chains-per-tenant":     "RETRYD_MAX_OPEN_CHAINS_PER_TENANT",
+	"max-open-chains":                "RETRYD_MAX_OPEN_CHAINS",
+	"max-active-sessions-per-tenant": "RETRYD_MAX_ACTIVE_SESSIONS_PER_TENANT",
+	"max-awaiters-per-retry":         "RETRYD_MAX_AWAITERS_PER_RETRY",
+	"max-awaiters":                   "RETRYD_MAX_AWAITERS",
 }
 
 // ApplyEnv sets every flag of fs that has an environment variable present
@@ -294,6 +348,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateTransport(bad, checkAddr)
 	c.validateAuth(bad)
+	c.validateAdmission(bad)
 	return errors.Join(errs...)
 }
 
@@ -355,5 +410,51 @@ func (c *Config) validateTransport(bad func(field, value, reason string), checkA
 	}
 	if c.UnaryTimeout <= 0 {
 		bad("unary-timeout", c.UnaryTimeout.String(), "must be positive")
+	}
+}
+
+// maxAdmissionLimit is the largest admission bound accepted.
+const maxAdmissionLimit = 100_000_000
+
+// validateAdmission checks the admission control bounds: 0 (unlimited) up
+// to maxAdmissionLimit; a retry always admits one awaiter.
+func (c *Config) validateAdmission(bad func(field, value, reason string)) {
+	for _, l := range []struct {
+		field string
+		v     int
+		min   int
+	}{
+		{"max-pending-retries-per-tenant", c.MaxPendingRetriesPerTenant, 0},
+		{"max-pending-retries", c.MaxPendingRetries, 0},
+		{"max-open-chains-per-tenant", c.MaxOpenChainsPerTenant, 0},
+		{"max-open-chains", c.MaxOpenChains, 0},
+		{"max-active-sessions-per-tenant", c.MaxActiveSessionsPerTenant, 0},
+		{"max-awaiters-per-retry", c.MaxAwaitersPerRetry, 1},
+		{"max-awaiters", c.MaxAwaiters, 0},
+	} {
+		if l.v < l.min || l.v > maxAdmissionLimit {
+			reason := fmt.Sprintf("must be within [%d, %d]", l.min, maxAdmissionLimit)
+			if l.min == 0 {
+				reason += " (0: unlimited)"
+			}
+			bad(l.field, strconv.Itoa(l.v), reason)
+		}
+	}
+}
+
+// Limits returns the admission control bounds as the service takes them.
+// Counts the event log never ended are forgotten well after the store
+// itself forgets their session: twice the chain TTL plus the abandon
+// grace.
+func (c *Config) Limits() service.Limits {
+	return service.Limits{
+		PendingRetriesPerTenant: c.MaxPendingRetriesPerTenant,
+		PendingRetries:          c.MaxPendingRetries,
+		OpenChainsPerTenant:     c.MaxOpenChainsPerTenant,
+		OpenChains:              c.MaxOpenChains,
+		ActiveSessionsPerTenant: c.MaxActiveSessionsPerTenant,
+		AwaitersPerRetry:        c.MaxAwaitersPerRetry,
+		Awaiters:                c.MaxAwaiters,
+		Forget:                  2 * (c.ChainTTL + c.AbandonGrace),
 	}
 }

@@ -118,7 +118,8 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 
 	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
 		service.WithPolicies(policies), service.WithLogger(log),
-		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(tel.Meter))
+		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(tel.Meter),
+		service.WithLimits(c.Limits()))
 	if err != nil {
 		store.stop()
 		return err

@@ -45,8 +45,14 @@ func limitOptions(c Config) []grpc.ServerOption {
 // context error is answered DEADLINE_EXCEEDED.
 func unaryTimeout(d time.Duration) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		bounded, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
+		bounded := ctx
+		// When the caller's deadline is the bound already, a context of
+		// our own would change nothing but cost a timer per call.
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > d {
+			var cancel context.CancelFunc
+			bounded, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
 		resp, err := handler(bounded, req)
 		if err == nil {
 			return resp, nil

@@ -312,7 +312,11 @@ func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.Me
 func (a *admission) refusal(b bound, limit int, subject string, dims map[string]string) error {
 	a.refused.Add(context.Background(), 1, a.boundOpts[b]...)
 	desc := fmt.Sprintf("%s: limit %d reached", bounds[b].what, limit)
-	msg := "admission refused: " + desc + " for " + subject + "; nothing was recorded, try again later"
+	who := subject
+	if subject == "tenant:" {
+		who = "the default tenant"
+	}
+	msg := "admission refused: " + desc + " for " + who + "; nothing was recorded, try again later"
 	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
 		&errdetails.ErrorInfo{Reason: "LIMIT_REACHED", Domain: errorDomain,
 			Metadata: map[string]string{"bound": bounds[b].id, "limit": strconv.Itoa(limit)}},
@@ -435,8 +439,8 @@ func downstreamPhase(d retrydv1.Downstream) retrydv1.Downstream {
 }
 
 // mayAdd reports whether a failure may schedule a retry, as far as the
-// log shows: false only when it certainly cannot (see the package
-// comment above). Called at a bound only.
+// log shows: false only when it certainly cannot (see the comment at the
+// top of this file). Called at a bound only.
 func (a *admission) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bool {
 	req, p := f.Request, f.Policy
 	phase := downstreamPhase(req.GetDownstream())

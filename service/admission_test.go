@@ -645,6 +645,14 @@ func TestAdmissionFlood(t *testing.T) {
 			if growth > maxGrowth {
 				t.Errorf("heap grew by %.1f MiB during %d refusals, want < %d MiB", float64(growth)/(1<<20), total-bound, maxGrowth>>20)
 			}
+			// The bound is one a leak breaks: holding what was refused
+			// would have grown the heap far beyond it.
+			if !testing.Short() && perHeld*int64(total-bound) < 2*maxGrowth {
+				t.Errorf("holding the %d refused calls would take only ≈ %d MiB: the heap bound would not catch it", total-bound, perHeld*int64(total-bound)>>20)
+			}
+			if _, refusals := admissionCounts(t, h); refusals["pending_retries_per_tenant"] != int64(total-bound) {
+				t.Errorf("retryd.admission.refused: %v, want %d at pending_retries_per_tenant", refusals, total-bound)
+			}
 		})
 	}
 }

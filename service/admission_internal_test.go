@@ -1,0 +1,259 @@
+package service
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// These tests drive the counts with synthetic events, in the order a log
+// would show them, and a clock of their own.
+
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time { return c.t }
+
+func newTestAdmission(t *testing.T, l Limits) (*admission, *fakeClock) {
+	t.Helper()
+	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	a, err := newAdmission(l, clock.now, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, clock
+}
+
+type eventLog struct {
+	seq   uint64
+	clock *fakeClock
+}
+
+func (l *eventLog) next(session string, ev *retrydv1.Event) *retrydv1.Event {
+	l.seq++
+	ev.Sequence, ev.SessionId, ev.Time = l.seq, session, timestamppb.New(l.clock.t)
+	return ev
+}
+
+func (l *eventLog) scheduled(session, provider, key, retryID string, turn, step uint64, number uint32) *retrydv1.Event {
+	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Scheduled{Scheduled: &retrydv1.RetryScheduled{
+		RetryId: retryID, Turn: turn, Step: step, Provider: provider, PolicyKey: key, RetryNumber: number,
+		Mode: retrydv1.Mode_MODE_NORMAL, DueAt: timestamppb.New(l.clock.t.Add(time.Second)),
+	}}})
+}
+
+func (l *eventLog) started(session, retryID string) *retrydv1.Event {
+	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Started{Started: &retrydv1.RetryStarted{RetryId: retryID}}})
+}
+
+func (l *eventLog) cancelled(session, retryID string) *retrydv1.Event {
+	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{RetryId: retryID}}})
+}
+
+func (l *eventLog) closed(session, provider, key string) *retrydv1.Event {
+	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Closed{Closed: &retrydv1.ChainClosed{Provider: provider, PolicyKey: key}}})
+}
+
+func (l *eventLog) delegated(session string, turn, step uint64) *retrydv1.Event {
+	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Delegated{Delegated: &retrydv1.RetryDelegated{Turn: turn, Step: step}}})
+}
+
+func wantCounts(t *testing.T, a *admission, what string, tenantID string, want counts) {
+	t.Helper()
+	var got counts
+	if tc := a.tenants[tenantID]; tc != nil {
+		got = tc.logged
+	}
+	if got != want {
+		t.Errorf("%s: tenant %q holds %+v, want %+v", what, tenantID, got, want)
+	}
+}
+
+// TestAdmissionCountsFollowTheLog: Scheduled opens a pending retry, its
+// chain and its session; Started and Cancelled of that retry end it;
+// ChainClosed closes the chain; a session holding nothing is forgotten,
+// and so is a tenant.
+func TestAdmissionCountsFollowTheLog(t *testing.T) {
+	t.Parallel()
+	a, clock := newTestAdmission(t, Limits{PendingRetries: 100})
+	log := &eventLog{clock: clock}
+	s1, s2, b1 := "team-a\x1fs1", "team-a\x1fs2", "team-b\x1fs1"
+	for _, step := range []struct {
+		what    string
+		ev      *retrydv1.Event
+		a, b    counts
+		tracked int
+	}{
+		{"s1 scheduled", log.scheduled(s1, "p", "k", "r1", 1, 1, 1), counts{1, 1, 1}, counts{}, 1},
+		{"b1 scheduled", log.scheduled(b1, "p", "k", "r2", 1, 1, 1), counts{1, 1, 1}, counts{1, 1, 1}, 2},
+		{"unknown retry started", log.started(s1, "nope"), counts{1, 1, 1}, counts{1, 1, 1}, 2},
+		{"s1's retry started", log.started(s1, "r1"), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"s1's delegation", log.delegated(s1, 1, 2), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"s1's delegation cancelled (no retry id)", log.cancelled(s1, ""), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"s1's second chain", log.scheduled(s1, "q", "k", "r3", 1, 3, 1), counts{1, 2, 1}, counts{1, 1, 1}, 2},
+		{"s1's second retry cancelled", log.cancelled(s1, "r3"), counts{0, 2, 1}, counts{1, 1, 1}, 2},
+		{"s1's second chain closed", log.closed(s1, "q", "k"), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"an unknown chain closed", log.closed(s1, "x", "k"), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"s2's delegation opens nothing", log.delegated(s2, 1, 1), counts{0, 1, 1}, counts{1, 1, 1}, 2},
+		{"s1's first chain closed", log.closed(s1, "p", "k"), counts{}, counts{1, 1, 1}, 1},
+		{"b1 cancelled", log.cancelled(b1, "r2"), counts{}, counts{0, 1, 1}, 1},
+		{"b1 expired", log.closed(b1, "p", "k"), counts{}, counts{}, 0},
+	} {
+		a.observe(step.ev)
+		wantCounts(t, a, step.what, "team-a", step.a)
+		wantCounts(t, a, step.what, "team-b", step.b)
+		if len(a.sessions) != step.tracked {
+			t.Errorf("%s: %d sessions tracked, want %d", step.what, len(a.sessions), step.tracked)
+		}
+	}
+	if len(a.tenants) != 0 || a.logged != (counts{}) {
+		t.Errorf("after every end: tenants %v, totals %+v", a.tenants, a.logged)
+	}
+}
+
+func testFailure(t *testing.T, session string, turn, step uint64, code string, p *retrydv1.RetryPolicy) engine.Failure {
+	t.Helper()
+	pol, err := policy.Resolve(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Failure{
+		Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: turn, Step: step, Provider: "p",
+			Failure: &retrydv1.Failure{Code: code}},
+		Policy: pol,
+	}
+}
+
+func scheduledOutcome(ev *retrydv1.Event) engine.FailOutcome {
+	return engine.FailOutcome{Response: &retrydv1.FailedStepResponse{Event: ev}, Scheduled: &engine.Retry{}}
+}
+
+// TestAdmissionReservations: an admitted failure holds its reservation
+// until the log shows its Scheduled event (counted once: the reservation
+// ends as the event is counted), or at once when it scheduled nothing, or
+// after reservationTimeout when the log never shows it.
+func TestAdmissionReservations(t *testing.T) {
+	t.Parallel()
+	a, clock := newTestAdmission(t, Limits{PendingRetriesPerTenant: 1})
+	log := &eventLog{clock: clock}
+	p := &retrydv1.RetryPolicy{}
+	refused := func(what string, f engine.Failure) {
+		t.Helper()
+		if r, err := a.admit(f); status.Code(err) != codes.ResourceExhausted {
+			t.Errorf("%s: %v %v, want RESOURCE_EXHAUSTED", what, r, err)
+		}
+	}
+
+	r1, err := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p))
+	if err != nil || r1 == nil {
+		t.Fatalf("first admission: %v %v", r1, err)
+	}
+	refused("while s1's is in flight", testFailure(t, "s2", 1, 1, "SERVER", p))
+	// Decided: the log has not shown it yet, so the reservation stays.
+	ev := log.scheduled("s1", "p", "k", "r1", 1, 1, 1)
+	a.decided(r1, scheduledOutcome(ev), nil)
+	refused("while the log lags", testFailure(t, "s2", 1, 1, "SERVER", p))
+	if a.reserved.pending != 1 || len(a.waiting) != 1 {
+		t.Fatalf("reserved %+v, %d waiting; want the reservation held", a.reserved, len(a.waiting))
+	}
+	a.observe(ev)
+	if a.reserved != (counts{}) || a.logged != (counts{1, 1, 1}) {
+		t.Errorf("after the log showed it: reserved %+v, held %+v; want it counted once", a.reserved, a.logged)
+	}
+	refused("while s1's retry is pending", testFailure(t, "s2", 1, 1, "SERVER", p))
+	a.observe(log.started("s1", "r1"))
+
+	// A failure that scheduled nothing releases at once.
+	r2, err := a.admit(testFailure(t, "s2", 1, 1, "SERVER", p))
+	if err != nil || r2 == nil {
+		t.Fatalf("s2: %v %v", r2, err)
+	}
+	a.decided(r2, engine.FailOutcome{}, errors.New("store unavailable"))
+	if a.reserved != (counts{}) {
+		t.Errorf("after a failed decision: reserved %+v", a.reserved)
+	}
+
+	// A decision the log already showed releases at once too.
+	r3, _ := a.admit(testFailure(t, "s3", 1, 1, "SERVER", p))
+	ev3 := log.scheduled("s3", "p", "k", "r3", 1, 1, 1)
+	a.observe(ev3)
+	a.decided(r3, scheduledOutcome(ev3), nil)
+	if a.reserved != (counts{}) || a.logged.pending != 1 {
+		t.Errorf("decided after the log: reserved %+v, held %+v", a.reserved, a.logged)
+	}
+	a.observe(log.cancelled("s3", "r3"))
+
+	// A decision the log never shows is released after the timeout.
+	r4, _ := a.admit(testFailure(t, "s4", 1, 1, "SERVER", p))
+	a.decided(r4, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil)
+	refused("while s4's reservation waits", testFailure(t, "s5", 1, 1, "SERVER", p))
+	clock.t = clock.t.Add(reservationTimeout + time.Second)
+	if r, err := a.admit(testFailure(t, "s5", 1, 1, "SERVER", p)); err != nil || r == nil {
+		t.Errorf("after the reservation timed out: %v %v", r, err)
+	}
+}
+
+// TestAdmissionPredictsWhatAddsNothing: at a bound, what the log shows of
+// a session decides whether a failure may add work.
+func TestAdmissionPredictsWhatAddsNothing(t *testing.T) {
+	t.Parallel()
+	a, clock := newTestAdmission(t, Limits{PendingRetriesPerTenant: 1})
+	log := &eventLog{clock: clock}
+	one := &retrydv1.RetryPolicy{MaxRetries: new(uint32(1))}
+	key := testFailure(t, "s1", 1, 1, "SERVER", one).Policy.Key
+	// s1's chain used its one retry, which started; s0 holds the bound.
+	a.observe(log.scheduled("s1", "p", key, "r1", 1, 1, 1))
+	a.observe(log.started("s1", "r1"))
+	a.observe(log.scheduled("s0", "p", key, "r0", 1, 1, 1))
+	for _, tc := range []struct {
+		what string
+		f    engine.Failure
+		pass bool
+	}{
+		{"over the budget", testFailure(t, "s1", 1, 2, "SERVER", one), true},
+		{"a repeat of the scheduled step", testFailure(t, "s1", 1, 1, "SERVER", one), true},
+		{"a stale step", testFailure(t, "s1", 0, 9, "SERVER", one), true},
+		{"a code not retried", testFailure(t, "s2", 1, 1, "INVALID_REQUEST", one), true},
+		{"a session with a pending retry", testFailure(t, "s0", 1, 2, "SERVER", one), true},
+		{"a new session", testFailure(t, "s2", 1, 1, "SERVER", one), false},
+		{"another policy in s1", testFailure(t, "s1", 1, 2, "SERVER", &retrydv1.RetryPolicy{}), false},
+	} {
+		r, err := a.admit(tc.f)
+		if pass := err == nil; pass != tc.pass {
+			t.Errorf("%s: admitted %v (%v), want %v", tc.what, pass, err, tc.pass)
+		}
+		if r != nil {
+			t.Errorf("%s: reserved %+v at the bound", tc.what, r.need)
+		}
+	}
+}
+
+// TestAdmissionForget: the backstop stops counting a session whose end
+// the log never showed, Forget after its last event (or after its
+// pending retry's due time).
+func TestAdmissionForget(t *testing.T) {
+	t.Parallel()
+	a, clock := newTestAdmission(t, Limits{PendingRetries: 10, Forget: time.Hour})
+	log := &eventLog{clock: clock}
+	a.observe(log.scheduled("idle", "p", "k", "r1", 1, 1, 1))
+	a.observe(log.started("idle", "r1"))
+	clock.t = clock.t.Add(30 * time.Minute)
+	a.observe(log.scheduled("pending", "p", "k", "r2", 1, 1, 1))
+	clock.t = clock.t.Add(31 * time.Minute)
+	a.sweep(clock.t)
+	if _, ok := a.sessions["idle"]; ok || len(a.sessions) != 1 || a.logged != (counts{1, 1, 1}) {
+		t.Errorf("after an hour: %d sessions tracked, held %+v; want only the pending one", len(a.sessions), a.logged)
+	}
+	clock.t = clock.t.Add(time.Hour)
+	a.sweep(clock.t)
+	if len(a.sessions) != 0 || a.logged != (counts{}) || len(a.tenants) != 0 {
+		t.Errorf("after two: %d sessions tracked, held %+v", len(a.sessions), a.logged)
+	}
+}

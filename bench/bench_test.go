@@ -44,7 +44,9 @@ func TestSmoke(t *testing.T) {
 	if err := WriteTable(&b, cfg, results); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | retryd | grpc echo | pooled |"} {
+	// The pooled ratio rows need CPU readings above zero, which a tiny run
+	// on a busy machine may not get: only the per-round rows are certain.
+	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | retryd | grpc echo | 1 |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

@@ -55,7 +55,11 @@ func TestSlowLoris(t *testing.T) {
 	raiseFileLimit(t, 2*(idleConns+grpcAwaitConns+rawAwaitConns)+512)
 
 	marker := "SLOWLORIS_MARKER=" + nonce(t)
-	srv := retrydtest.StartWithEnv(t, []string{marker}, "--metrics-listen", "127.0.0.1:0")
+	// Ten awaiters share each retry here, over the admission default of
+	// eight: this test is about connections and unread streams, and
+	// TestAdmissionBounds covers that bound.
+	srv := retrydtest.StartWithEnv(t, []string{marker}, "--metrics-listen", "127.0.0.1:0",
+		"--max-awaiters-per-retry", strconv.Itoa(slowStreams/slowSessions))
 	pid := childWithEnv(t, marker)
 	var attack []io.Closer
 	t.Cleanup(func() { closeAll(attack) })

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/proto"
@@ -342,6 +343,11 @@ type Failure struct {
 	// Fleet, when set, sees the policy's decision of a new (not replayed)
 	// failure and may delegate it or lengthen its delay.
 	Fleet FleetHook
+	// FleetKey names the fleet state Fleet decides with. A store whose
+	// replicas share fleet state (Redis) reads that state in the same
+	// transaction as the session, binds Fleet to it before the transition
+	// and saves it with the session; other stores leave Fleet as it is.
+	FleetKey string
 }
 
 // FleetHook is fleet protection as the engine sees it: told of every new
@@ -349,6 +355,9 @@ type Failure struct {
 // budget, circuit and fleet-wide pacing, kept by the service).
 type FleetHook interface {
 	Decided(p *policy.Policy, a policy.Attempt, d policy.Decision, now time.Time) policy.Decision
+	// Bind makes the hook decide with state, a store's copy that the
+	// store's transaction serialises.
+	Bind(state *fleet.ProviderState)
 }
 
 // FailOutcome is what Fail changed.

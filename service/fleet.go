@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -25,37 +26,58 @@ const (
 	idleFleetState    = 10 * time.Minute
 )
 
+// SharedFleet is implemented by stores whose replicas share one fleet
+// state per (tenant, provider) — the Redis store. FailedStep's state is
+// read and saved in the session's own transaction (see engine.Failure's
+// FleetKey); these are the other operations on it.
+type SharedFleet interface {
+	// FleetState reads the state under key; a missing one is the zero
+	// (fresh) state.
+	FleetState(ctx context.Context, key string) (fleet.ProviderState, error)
+	// UpdateFleet applies fn to the state under key atomically.
+	UpdateFleet(ctx context.Context, key string, fn func(*fleet.ProviderState)) error
+}
+
+// FleetKey names a (tenant, provider)'s fleet state in a store.
+func FleetKey(tenantID, provider string) string { return tenantID + scopeSeparator + provider }
+
 type fleetKey struct{ tenant, provider string }
 
 // fleetEntry is one (tenant, provider)'s fleet state and its own lock, so
-// that providers never wait for each other.
+// that providers never wait for each other. With a SharedFleet store it
+// holds only the configuration: the state lives in the store.
 type fleetEntry struct {
 	mu    sync.Mutex
+	key   string
 	cfg   fleet.Config
 	state fleet.ProviderState
 	rng   *rand.Rand
 	used  time.Time
 }
 
-// fleets keeps the fleet protection state of this process: per tenant and
-// provider, for providers the policy file protects (see config.Policies'
-// Fleet). It also remembers which provider each admitted, still pending
-// retry belongs to, so that its start or cancellation (seen in the event
-// log) leaves the provider's queue.
+// fleets keeps fleet protection: per tenant and provider, for providers
+// the policy file protects (see config.Policies' Fleet) — in this process,
+// or in the store when it is a SharedFleet. It also remembers which
+// provider each retry it admitted belongs to, so that the retry's start or
+// cancellation (seen in the event log) takes it out of the provider's
+// queue.
 type fleets struct {
 	policies *config.Policies
-	warn     func(msg string, args ...any)
+	shared   SharedFleet // nil: the state is kept here
+	log      *slog.Logger
 
 	mu      sync.Mutex
 	entries map[fleetKey]*fleetEntry
 	queued  map[string]*fleetEntry // retry id → its provider's entry
 }
 
-func newFleets(p *config.Policies, warn func(string, ...any)) *fleets {
-	return &fleets{policies: p, warn: warn, entries: map[fleetKey]*fleetEntry{}, queued: map[string]*fleetEntry{}}
+func newFleets(p *config.Policies, store Store, log *slog.Logger) *fleets {
+	fs := &fleets{policies: p, log: log, entries: map[fleetKey]*fleetEntry{}, queued: map[string]*fleetEntry{}}
+	fs.shared, _ = store.(SharedFleet)
+	return fs
 }
 
-// entry returns the state of (tenant, provider), creating it; nil when the
+// entry returns the entry of (tenant, provider), creating it; nil when the
 // provider is not protected or no room is left.
 func (fs *fleets) entry(tenantID, provider string, now time.Time) *fleetEntry {
 	cfg, ok := fs.policies.Fleet(provider)
@@ -71,17 +93,18 @@ func (fs *fleets) entry(tenantID, provider string, now time.Time) *fleetEntry {
 	if len(fs.entries) >= maxFleetProviders {
 		fs.sweep(now)
 		if len(fs.entries) >= maxFleetProviders {
-			fs.warn("fleet protection is tracking too many providers; this one is decided by its policy alone",
+			fs.log.Warn("fleet protection is tracking too many providers; this one is decided by its policy alone",
 				"tenant", tenantID, "provider", provider, "limit", maxFleetProviders)
 			return nil
 		}
 	}
-	e := &fleetEntry{cfg: cfg, rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), used: now}
+	e := &fleetEntry{key: FleetKey(tenantID, provider), cfg: cfg,
+		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), used: now}
 	fs.entries[k] = e
 	return e
 }
 
-// sweep drops idle states with nothing queued; fs.mu is held.
+// sweep drops idle entries with nothing queued; fs.mu is held.
 func (fs *fleets) sweep(now time.Time) {
 	for k, e := range fs.entries {
 		e.mu.Lock()
@@ -93,27 +116,41 @@ func (fs *fleets) sweep(now time.Time) {
 	}
 }
 
-// hook returns the engine's view of the provider's fleet state for one
-// failure, or nil when the provider is not protected.
-func (fs *fleets) hook(tenantID, provider string, now time.Time) *fleetHook {
-	if fs == nil {
+// hook prepares fleet protection for one failure: it puts the hook into f
+// (with f's FleetKey when the store keeps the state) and returns it, or
+// returns nil when the provider is not protected.
+func (fs *fleets) hook(f *engine.Failure, tenantID string, now time.Time) *fleetHook {
+	if fs == nil || f.Policy == nil {
 		return nil
 	}
-	if e := fs.entry(tenantID, provider, now); e != nil {
-		return &fleetHook{entry: e}
+	e := fs.entry(tenantID, f.Request.GetProvider(), now)
+	if e == nil {
+		return nil
 	}
-	return nil
+	h := &fleetHook{entry: e}
+	f.Fleet = h
+	if fs.shared != nil {
+		f.FleetKey = e.key
+	}
+	return h
 }
 
 // fleetHook implements engine.FleetHook for one failure.
 type fleetHook struct {
 	entry *fleetEntry
+	// bound is the store's copy of the state (SharedFleet), which the
+	// store's transaction serialises; nil: the entry's own, under its lock.
+	bound *fleet.ProviderState
 	// admitted is set when the fleet let a retry through: it is queued
 	// until the event log shows it started or cancelled.
 	admitted bool
 }
 
 var _ engine.FleetHook = (*fleetHook)(nil)
+
+// Bind implements engine.FleetHook. A store may run a transition again
+// (its transaction lost a race): each run starts from its fresh copy.
+func (h *fleetHook) Bind(state *fleet.ProviderState) { h.bound, h.admitted = state, false }
 
 // Decided records the failure with the provider and puts a scheduled retry
 // to the fleet: it may be delegated (normal mode) or start later.
@@ -122,17 +159,21 @@ func (h *fleetHook) Decided(p *policy.Policy, a policy.Attempt, d policy.Decisio
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.used = now
+	state := &e.state
+	if h.bound != nil {
+		state = h.bound
+	}
 	// Always mode reports one provider failure twice (downstream first,
 	// then declined): count it once. In a half-open round every report is
 	// taken as a probe's outcome: first attempts are never held, so they
 	// are as good evidence of the provider's health as the probes.
 	if fleet.ProviderFault(a.Code) && a.Downstream != retrydv1.Downstream_DOWNSTREAM_DECLINED {
-		e.state.Failed(e.cfg, now, fleet.Failure{Probe: true, RetryAfter: fleet.RetryAfterOf(a.RetryAfter)})
+		state.Failed(e.cfg, now, fleet.Failure{Probe: true, RetryAfter: fleet.RetryAfterOf(a.RetryAfter)})
 	}
 	if !d.Schedule {
 		return d
 	}
-	v := e.state.Admit(e.cfg, now, fleet.RetryOf(p, d, a), e.rng)
+	v := state.Admit(e.cfg, now, fleet.RetryOf(p, d, a), e.rng)
 	if v.Delegate {
 		reason := retrydv1.DelegateReason_DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED
 		if v.Reason == fleet.ReasonCircuitOpen {
@@ -161,17 +202,36 @@ func delaySourceOf(s fleet.Source) retrydv1.DelaySource {
 	return retrydv1.DelaySource_DELAY_SOURCE_UNSPECIFIED
 }
 
+// update applies fn to the entry's state, wherever it lives. A shared
+// state that cannot be updated is logged: the operations that use this
+// (successes, queue accounting) are best effort, the decision itself is
+// not.
+func (fs *fleets) update(ctx context.Context, e *fleetEntry, now time.Time, fn func(*fleet.ProviderState)) {
+	e.mu.Lock()
+	e.used = now
+	if fs.shared == nil {
+		fn(&e.state)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	if err := fs.shared.UpdateFleet(ctx, e.key, fn); err != nil {
+		fs.log.WarnContext(ctx, "fleet state not updated", "key", e.key, "err", err)
+	}
+}
+
 // scheduled remembers the provider of a retry the fleet admitted. A retry
 // that was admitted but not recorded (the store refused the change) leaves
-// the queue at once.
-func (fs *fleets) scheduled(h *fleetHook, out engine.FailOutcome, err error, now time.Time) {
+// the queue at once — unless the store keeps the state, where a refused
+// transition saved nothing.
+func (fs *fleets) scheduled(ctx context.Context, h *fleetHook, out engine.FailOutcome, err error, now time.Time) {
 	if h == nil || !h.admitted {
 		return
 	}
 	if err != nil || out.Scheduled == nil {
-		h.entry.mu.Lock()
-		h.entry.state.Dropped(h.entry.cfg, now)
-		h.entry.mu.Unlock()
+		if fs.shared == nil {
+			fs.update(ctx, h.entry, now, func(st *fleet.ProviderState) { st.Dropped(h.entry.cfg, now) })
+		}
 		return
 	}
 	fs.mu.Lock()
@@ -180,7 +240,9 @@ func (fs *fleets) scheduled(h *fleetHook, out engine.FailOutcome, err error, now
 }
 
 // settled takes a started or cancelled retry out of its provider's queue.
-func (fs *fleets) settled(retryID string, now time.Time) {
+// Only the replica that scheduled it knows it, so with shared state it is
+// counted once; a replica that dies leaves its retries counted as queued.
+func (fs *fleets) settled(ctx context.Context, retryID string, now time.Time) {
 	if fs == nil {
 		return
 	}
@@ -189,40 +251,42 @@ func (fs *fleets) settled(retryID string, now time.Time) {
 	delete(fs.queued, retryID)
 	fs.mu.Unlock()
 	if e != nil {
-		e.mu.Lock()
-		e.state.Dropped(e.cfg, now)
-		e.mu.Unlock()
+		fs.update(ctx, e, now, func(st *fleet.ProviderState) { st.Dropped(e.cfg, now) })
 	}
 }
 
 // succeeded credits the provider's budget and window with a success.
-func (fs *fleets) succeeded(tenantID, provider string, now time.Time) {
+func (fs *fleets) succeeded(ctx context.Context, tenantID, provider string, now time.Time) {
 	if fs == nil || provider == "" {
 		return
 	}
 	if e := fs.entry(tenantID, provider, now); e != nil {
-		e.mu.Lock()
-		e.used = now
-		e.state.Succeeded(e.cfg, now, fleet.Success{Probe: true})
-		e.mu.Unlock()
+		fs.update(ctx, e, now, func(st *fleet.ProviderState) { st.Succeeded(e.cfg, now, fleet.Success{Probe: true}) })
 	}
 }
 
-// snapshot reads (tenant, provider)'s state without creating it.
-func (fs *fleets) snapshot(tenantID, provider string, now time.Time) (fleet.Snapshot, bool) {
+// snapshot reads (tenant, provider)'s state.
+func (fs *fleets) snapshot(ctx context.Context, tenantID, provider string, now time.Time) (fleet.Snapshot, bool, error) {
 	cfg, ok := fs.policies.Fleet(provider)
 	if !ok {
-		return fleet.Snapshot{}, false
+		return fleet.Snapshot{}, false, nil
+	}
+	if fs.shared != nil {
+		st, err := fs.shared.FleetState(ctx, FleetKey(tenantID, provider))
+		if err != nil {
+			return fleet.Snapshot{}, true, err
+		}
+		return st.Snapshot(cfg, now), true, nil
 	}
 	fs.mu.Lock()
 	e := fs.entries[fleetKey{tenantID, provider}]
 	fs.mu.Unlock()
 	if e == nil {
-		return fleet.ProviderState{}.Snapshot(cfg, now), true
+		return fleet.ProviderState{}.Snapshot(cfg, now), true, nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.state.Snapshot(e.cfg, now), true
+	return e.state.Snapshot(e.cfg, now), true, nil
 }
 
 // GetProviderState implements RetryService.GetProviderState.
@@ -239,7 +303,10 @@ func (s *Service) GetProviderState(ctx context.Context, req *retrydv1.GetProvide
 	now := s.now()
 	tenantID, _ := SplitSessionID(scopeOf(ctx))
 	resp := &retrydv1.GetProviderStateResponse{Provider: req.GetProvider()}
-	snap, ok := s.fleets.snapshot(tenantID, req.GetProvider(), now)
+	snap, ok, err := s.fleets.snapshot(ctx, tenantID, req.GetProvider(), now)
+	if err != nil {
+		return nil, toStatus(err)
+	}
 	if !ok {
 		return resp, nil
 	}

@@ -7,7 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/redis"
+	"github.com/retryd/retryd/store/redis/redistest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -141,6 +145,61 @@ func waitFor(t *testing.T, cond func() bool) {
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("condition not reached within 10 s")
+		}
+	}
+}
+
+// TestFleetSharedAcrossReplicas: two replicas over one Redis decide with
+// one budget per provider: what one spent, the other cannot, and both read
+// the same state.
+func TestFleetSharedAcrossReplicas(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	prefix := redistest.Prefix()
+	policies, err := config.Parse([]byte(fleetPolicies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replicas [2]*service.Service
+	for i := range replicas {
+		st, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if replicas[i], err = service.New(st, service.WithPolicies(policies)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	decide := func(r *service.Service, session string) *retrydv1.Decision {
+		t.Helper()
+		resp, err := r.FailedStep(ctx, failure(session, 1, 1, "deepseek", "RATE_LIMIT", fast(100)))
+		if err != nil {
+			t.Fatalf("FailedStep: %v", err)
+		}
+		return resp.GetDecision()
+	}
+	// The budget holds two retries: one taken on each replica…
+	if d := decide(replicas[0], "s0"); d.GetSchedule() == nil {
+		t.Fatalf("first retry on replica 0: %v", d)
+	}
+	if d := decide(replicas[1], "s1"); d.GetSchedule() == nil {
+		t.Fatalf("second retry on replica 1: %v", d)
+	}
+	// …and the third is refused on either.
+	for i, r := range replicas {
+		if d := decide(r, fmt.Sprintf("s%d", 2+i)); d.GetDelegate().GetReason() != retrydv1.DelegateReason_DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED {
+			t.Errorf("replica %d with the shared budget spent: %v, want fleet_budget_exhausted", i, d)
+		}
+	}
+	for i, r := range replicas {
+		st, err := r.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: "deepseek"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetBudgetTokens() > 0.01 || st.GetWindowSamples() != 4 {
+			t.Errorf("replica %d reads %v, want the shared state: no tokens, 4 failures", i, st)
 		}
 	}
 }

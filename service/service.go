@@ -123,10 +123,11 @@ func New(store Store, opts ...Option) (*Service, error) {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	s.tel = tel
+	tel.dueSource, _ = store.(DueSource)
 	if s.adm, err = newAdmission(s.limits, s.now, s.log, s.mp); err != nil {
 		return nil, fmt.Errorf("service: admission: %w", err)
 	}
-	s.fleets = newFleets(s.policies, func(msg string, args ...any) { s.log.Warn(msg, args...) })
+	s.fleets = newFleets(s.policies, store, s.log)
 	tel.onEvent = s.fleetEvent
 	if err := registerStoreGauges(s.mp, store); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
@@ -159,18 +160,13 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 		s.log.DebugContext(ctx, "failed step refused by admission control", "session", req.GetSessionId(), "err", err)
 		return nil, err
 	}
-	var fh *fleetHook
-	if f.Policy != nil {
-		tenantID, _ := SplitSessionID(scope)
-		if fh = s.fleets.hook(tenantID, req.GetProvider(), s.now()); fh != nil {
-			f.Fleet = fh
-		}
-	}
+	tenantID, _ := SplitSessionID(scope)
+	fh := s.fleets.hook(&f, tenantID, s.now())
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
 	s.adm.decided(held, out, err)
-	s.fleets.scheduled(fh, out, err, s.now())
+	s.fleets.scheduled(ctx, fh, out, err, s.now())
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),
@@ -303,7 +299,7 @@ func (s *Service) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceeded
 		return nil, toStatus(err)
 	}
 	tenantID, _ := SplitSessionID(scope)
-	s.fleets.succeeded(tenantID, req.GetProvider(), s.now())
+	s.fleets.succeeded(ctx, tenantID, req.GetProvider(), s.now())
 	return resp, nil
 }
 
@@ -351,9 +347,9 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 func (s *Service) fleetEvent(ev *retrydv1.Event) {
 	switch k := ev.GetKind().(type) {
 	case *retrydv1.Event_Started:
-		s.fleets.settled(k.Started.GetRetryId(), s.now())
+		s.fleets.settled(context.Background(), k.Started.GetRetryId(), s.now())
 	case *retrydv1.Event_Cancelled:
-		s.fleets.settled(k.Cancelled.GetRetryId(), s.now())
+		s.fleets.settled(context.Background(), k.Cancelled.GetRetryId(), s.now())
 	}
 }
 

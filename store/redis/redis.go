@@ -52,6 +52,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/fleet"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
@@ -309,6 +310,9 @@ type txn struct {
 	events    []*retrydv1.Event
 	forgotten []*engine.Retry
 	timers    map[string]*float64 // member → score; nil removes it
+	// fleets are the fleet states the group read (see fleet.go), shared
+	// by every transition of the group; all are saved with it.
+	fleets map[string]*fleet.ProviderState
 }
 
 func (t *txn) changed(evs ...*retrydv1.Event) {
@@ -336,8 +340,9 @@ func (t *txn) timer(retryID string, score *float64) {
 
 // request is one call's transition, waiting for a group commit.
 type request struct {
-	id   string
-	fn   func(*txn) error
+	id    string
+	fleet string // the fleet state the transition decides with, if any
+	fn    func(*txn) error
 	done chan error    // the outcome
 	lead chan struct{} // this caller now commits the next group
 }
@@ -354,10 +359,17 @@ type request struct {
 // on. The commit runs under its own timeout, not the caller's context: a
 // caller that left must not strand the queue.
 func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
+	return s.updateWithFleet(ctx, id, "", fn)
+}
+
+// updateWithFleet is update for a transition that also decides with the
+// fleet state under fleetKey (when not empty): it is read and saved in the
+// same transaction.
+func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn func(*txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	req := &request{id: id, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	req := &request{id: id, fleet: fleetKey, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	s.queueMu.Lock()
 	s.queue = append(s.queue, req)
 	if !s.leading {
@@ -409,6 +421,10 @@ func (s *Store) commitGroup(group []*request) []error {
 		if !seen[r.id] {
 			seen[r.id] = true
 			keys = append(keys, s.sessionKey(r.id), s.awaitersKey(r.id))
+		}
+		if r.fleet != "" && !seen["\x00"+r.fleet] {
+			seen["\x00"+r.fleet] = true
+			keys = append(keys, s.fleetKey(r.fleet))
 		}
 	}
 	errs := make([]error, len(group))
@@ -525,12 +541,22 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 	if err != nil {
 		return err
 	}
+	var fleetKeys []string
+	for _, r := range group {
+		if r.fleet != "" && !slices.Contains(fleetKeys, r.fleet) {
+			fleetKeys = append(fleetKeys, r.fleet)
+		}
+	}
+	fleets, err := s.loadFleets(ctx, tx, fleetKeys)
+	if err != nil {
+		return err
+	}
 	env := s.env()
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
 		l := sessions[i]
 		txns[i] = &txn{id: id, sess: l.sess, awaiters: l.awaiters, expired: l.expired, env: env,
-			before: populationOf(l.sess)}
+			before: populationOf(l.sess), fleets: fleets}
 	}
 	for i, r := range group {
 		// Damaged data refuses the calls that touch it, and only them.
@@ -569,6 +595,9 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 		}
 		if seq != last {
 			p.Set(ctx, s.seqKey(), seq, 0)
+		}
+		if err := s.writeFleets(ctx, p, fleets); err != nil {
+			return err
 		}
 		s.count(ctx, p, pop)
 		return nil
@@ -652,7 +681,7 @@ func notFound(format string, args ...any) error {
 // FailedStep implements service.Store.
 func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
 	var out engine.FailOutcome
-	if err := s.update(ctx, f.Request.GetSessionId(), decide(f, &out)); err != nil {
+	if err := s.updateWithFleet(ctx, f.Request.GetSessionId(), f.FleetKey, decide(f, &out)); err != nil {
 		return engine.FailOutcome{}, err
 	}
 	return out, nil
@@ -663,6 +692,9 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 	return func(t *txn) error {
 		if t.sess == nil {
 			t.sess = engine.NewSession(t.id, t.env.Now)
+		}
+		if f.FleetKey != "" && f.Fleet != nil {
+			f.Fleet.Bind(t.fleets[f.FleetKey])
 		}
 		var err error
 		if *out, err = t.sess.Fail(t.env, f); err != nil {

@@ -343,8 +343,8 @@ type request struct {
 	id    string
 	fleet string // the fleet state the transition decides with, if any
 	fn    func(*txn) error
-	done chan error    // the outcome
-	lead chan struct{} // this caller now commits the next group
+	done  chan error    // the outcome
+	lead  chan struct{} // this caller now commits the next group
 }
 
 // update runs fn on the session in an optimistic transaction and returns

@@ -58,9 +58,9 @@ type Config struct {
 	// needs the listener, so ProfileDir overrides it.
 	NoMetrics bool
 	// ProfileDir, when set, starts retryd with --pprof and bench/echo with
-	// --pprof, and after the measured phases runs one unmeasured
-	// saturation phase per target while collecting its CPU and heap
-	// profiles into this directory (see profileTarget).
+	// --pprof, and after the measured phases runs one unmeasured phase per
+	// target and mode while collecting its CPU and heap profiles into this
+	// directory (see profileTarget).
 	ProfileDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
@@ -230,13 +230,15 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 			return results, err
 		}
-		for _, t := range targets {
-			files, err := profileTarget(ctx, t, cfg, cfg.ProfileDir)
-			if err != nil {
-				return results, err
-			}
-			if len(files) > 0 {
-				fmt.Fprintf(logw, "%-10s profiles: %s\n", t.name, strings.Join(files, " "))
+		for _, rate := range modes {
+			for _, t := range targets {
+				files, err := profileTarget(ctx, t, cfg, rate, cfg.ProfileDir)
+				if err != nil {
+					return results, err
+				}
+				if len(files) > 0 {
+					fmt.Fprintf(logw, "%-10s profiles: %s\n", t.name, strings.Join(files, " "))
+				}
 			}
 		}
 	}

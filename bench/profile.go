@@ -13,19 +13,24 @@ import (
 	"time"
 )
 
-// profileTarget runs one more saturation phase against t, after the
-// measured ones and not part of the table, and collects the server's CPU
-// profile over it and a heap profile (after a GC) at its end, through the
-// server's net/http/pprof (retryd --metrics-listen … --pprof, bench/echo
-// --pprof). It writes <dir>/<name>.cpu.pprof, <name>.heap.pprof and
-// <name>.top.txt (go tool pprof -top, flat and cumulative) and returns
-// their paths. A target without a profile endpoint (gubernator, a
-// retryd@base that predates --pprof) is skipped.
-func profileTarget(ctx context.Context, t *target, cfg Config, dir string) ([]string, error) {
+// profileTarget runs one more phase against t in a mode (rate 0:
+// saturation), after the measured ones and not part of the table, and
+// collects the server's CPU profile over it and a heap profile (after a
+// GC) at its end, through the server's net/http/pprof (retryd
+// --metrics-listen … --pprof, bench/echo --pprof). It writes
+// <dir>/<name>.<mode>.cpu.pprof, .heap.pprof and .top.txt (go tool pprof
+// -top, flat and cumulative) and returns their paths. A target without a
+// profile endpoint (gubernator, a retryd@base that predates --pprof) is
+// skipped.
+func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir string) ([]string, error) {
 	if t.proc.metricsAddr == "" {
 		return nil, nil
 	}
-	name := strings.ReplaceAll(t.name, " ", "-")
+	mode := "saturation"
+	if rate > 0 {
+		mode = fmt.Sprintf("%drps", rate)
+	}
+	name := strings.ReplaceAll(t.name, " ", "-") + "." + mode
 	secs := max(int(cfg.Duration.Round(time.Second)/time.Second), 1)
 	callers := make([]caller, cfg.Workers)
 	for i := range callers {
@@ -33,7 +38,7 @@ func profileTarget(ctx context.Context, t *target, cfg Config, dir string) ([]st
 		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, "prof-")
 	}
 	if cfg.Warmup > 0 {
-		if _, err := drive(ctx, callers, cfg.Warmup, 0, 0); err != nil {
+		if _, err := drive(ctx, callers, cfg.Warmup, rate, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -46,7 +51,7 @@ func profileTarget(ctx context.Context, t *target, cfg Config, dir string) ([]st
 	go func() { got <- fetch(ctx, fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile) }()
 	// The load runs a little longer than the profile, so the profile
 	// covers load only.
-	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, 0, 0)
+	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, rate, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -62,8 +67,8 @@ func profileTarget(ctx context.Context, t *target, cfg Config, dir string) ([]st
 	}
 	topFile := filepath.Join(dir, name+".top.txt")
 	var top strings.Builder
-	fmt.Fprintf(&top, "%s: CPU profile of %d s of saturation load (%d calls, %.0f rps); server CPU per call is in the results table\n\n",
-		t.name, secs, st.calls, float64(st.calls)/st.elapsed.Seconds())
+	fmt.Fprintf(&top, "%s: CPU profile of %d s of %s load (%d calls, %.0f rps); server CPU per call is in the results table\n\n",
+		t.name, secs, mode, st.calls, float64(st.calls)/st.elapsed.Seconds())
 	for _, args := range [][]string{{"-top", "-nodecount=40"}, {"-top", "-cum", "-nodecount=60"}} {
 		out, err := exec.CommandContext(ctx, "go", append(append([]string{"tool", "pprof"}, args...), cpuFile)...).CombinedOutput()
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -47,7 +48,8 @@ type ScaleConfig struct {
 	Workers int
 	// ProfileDir, when set, receives a heap profile of retryd at the last
 	// chains checkpoint (chains.heap.pprof) and with every awaiter
-	// connected (awaiters.heap.pprof).
+	// connected (awaiters.heap.pprof), and a CPU profile of the window in
+	// which the awaited retries fall due (awaiters.cpu.pprof).
 	ProfileDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
@@ -116,11 +118,26 @@ func RunScale(ctx context.Context, cfg ScaleConfig) ([]ChainPoint, *AwaitResult,
 	return points, aw, nil
 }
 
+// admissionFlags are retryd's admission-control bounds; a scale part
+// measures what a million chains or 100 000 streams cost, so it lifts
+// them (0: unlimited) when the binary has them.
+var admissionFlags = []string{
+	"max-pending-retries-per-tenant", "max-pending-retries", "max-open-chains-per-tenant",
+	"max-open-chains", "max-active-sessions-per-tenant", "max-awaiters",
+}
+
 // startScaleRetryd starts a retryd for one part: memory store, tracing
-// off, metrics on (its heap figures are read from /metrics).
+// off, metrics on (its heap figures are read from /metrics), admission
+// bounds lifted, up to 1 000 000 concurrent streams per connection.
 func startScaleRetryd(ctx context.Context, bin string, extra ...string) (*process, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json",
 		"--log-level", "info", "--metrics-listen", "127.0.0.1:0", "--pprof"}, extra...)
+	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
+	for _, f := range admissionFlags {
+		if strings.Contains(string(help), "-"+f+" ") {
+			args = append(args, "--"+f, "0")
+		}
+	}
 	return startServing(ctx, "retryd", bin, args,
 		[]string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="})
 }
@@ -327,6 +344,18 @@ func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Write
 	fmt.Fprintf(logw, "awaiters: %d streams over %d connections set up in %v (%.0f/s); RSS %.1f MiB → %.1f MiB; first due in %v\n",
 		n, nconns, setupDone.Sub(begin).Round(time.Millisecond), res.SetupRate, mib(res.RSSBefore), mib(res.RSSAwaiting),
 		time.Until(firstDue).Round(time.Millisecond))
+	profiled := make(chan error, 1)
+	if cfg.ProfileDir != "" {
+		// A CPU profile of the due window: where the starts' time goes.
+		go func() {
+			time.Sleep(time.Until(firstDue.Add(-500 * time.Millisecond)))
+			secs := int(cfg.AwaitSpread.Round(time.Second)/time.Second) + 1
+			profiled <- fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.metricsAddr, secs),
+				filepath.Join(cfg.ProfileDir, "awaiters.cpu.pprof"))
+		}()
+	} else {
+		profiled <- nil
+	}
 	if cfg.AwaitLoad > 0 {
 		// The FailedStep mix on other sessions from a little before the
 		// first due time to a little after the last.
@@ -350,6 +379,9 @@ func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Write
 		}
 	}
 	awaiting.Wait()
+	if err := <-profiled; err != nil {
+		return res, err
+	}
 	res.LateAwaiters = int(late.Load())
 	res.Errors = errs.Load()
 	if v := firstErr.Load(); v != nil {

@@ -42,6 +42,9 @@ type Env struct {
 	Now   time.Time
 	Rand  policy.Rand
 	NewID func() string
+	// Gate, when set, is asked before a due retry starts (fleet
+	// protection's circuit): held, the retry does not start until at.
+	Gate func(r *Retry, now time.Time) (at time.Time, held bool)
 }
 
 // ErrorKind classifies a refused transition; the service maps it to a gRPC
@@ -106,6 +109,9 @@ type Retry struct {
 	Cancelled *retrydv1.RetryCancelled
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
+	// HeldUntil is when to ask the start gate again after it held the due
+	// retry back (see Env.Gate); Due, the scheduled time, never changes.
+	HeldUntil time.Time
 	// done is made by the first Done call of a retry that is not yet
 	// committed terminal, closed by Commit and then dropped: a retry
 	// nobody awaits never has a channel, a settled one no longer holds it.
@@ -614,9 +620,19 @@ func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *re
 // Start records that r's backoff ended with an awaiter present. It reports
 // false (and records nothing) unless r is pending: Started happens once.
 // r's awaiters are released by the store's next Commit.
+//
+// With env.Gate, a retry the gate holds does not start: Start returns
+// false with r.HeldUntil set to when to ask again (in memory only: a
+// restored session asks the gate again when its timer fires).
 func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 		return nil, false
+	}
+	if env.Gate != nil {
+		if at, held := env.Gate(r, env.Now); held {
+			r.HeldUntil = at
+			return nil, false
+		}
 	}
 	sc := r.Scheduled
 	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED

@@ -240,9 +240,11 @@ func (fs *fleets) scheduled(ctx context.Context, h *fleetHook, out engine.FailOu
 }
 
 // settled takes a started or cancelled retry out of its provider's queue.
-// Only the replica that scheduled it knows it, so with shared state it is
-// counted once; a replica that dies leaves its retries counted as queued.
-func (fs *fleets) settled(ctx context.Context, retryID string, now time.Time) {
+// A start was counted by the gate (StartGate.Start) already; a cancelled
+// retry is known only to the replica that scheduled it, so with shared
+// state it is counted once, and a replica that dies leaves its retries
+// counted as queued until the state expires.
+func (fs *fleets) settled(ctx context.Context, retryID string, started bool, now time.Time) {
 	if fs == nil {
 		return
 	}
@@ -250,7 +252,7 @@ func (fs *fleets) settled(ctx context.Context, retryID string, now time.Time) {
 	e := fs.queued[retryID]
 	delete(fs.queued, retryID)
 	fs.mu.Unlock()
-	if e != nil {
+	if e != nil && !started {
 		fs.update(ctx, e, now, func(st *fleet.ProviderState) { st.Dropped(e.cfg, now) })
 	}
 }
@@ -332,4 +334,58 @@ func circuitOf(c fleet.Circuit) retrydv1.CircuitState {
 		return retrydv1.CircuitState_CIRCUIT_STATE_HALF_OPEN
 	}
 	return retrydv1.CircuitState_CIRCUIT_STATE_CLOSED
+}
+
+// StartGate is fleet protection asked when a retry falls due: a retry
+// admitted before its provider's circuit opened must not start while it is
+// open, and while it is half-open only the probes start. Stores that
+// implement GatedStore are given one by New.
+type StartGate interface {
+	// FleetKey returns the key of the fleet state that gates retries of
+	// provider in the stored session, and false when the provider is not
+	// protected.
+	FleetKey(sessionID, provider string) (string, bool)
+	// Start asks whether a due retry may start now: held, until when.
+	// state is the store's copy of the fleet state (SharedFleet stores,
+	// read in the transaction that would start the retry) or nil (the
+	// gate keeps it).
+	Start(sessionID, provider string, state *fleet.ProviderState, now time.Time) (at time.Time, held bool)
+}
+
+// GatedStore is a store that asks a StartGate before a due retry starts.
+type GatedStore interface {
+	SetStartGate(StartGate)
+}
+
+var _ StartGate = (*fleets)(nil)
+
+// FleetKey implements StartGate.
+func (fs *fleets) FleetKey(sessionID, provider string) (string, bool) {
+	if _, ok := fs.policies.Fleet(provider); !ok {
+		return "", false
+	}
+	tenantID, _ := SplitSessionID(sessionID)
+	return FleetKey(tenantID, provider), true
+}
+
+// Start implements StartGate.
+func (fs *fleets) Start(sessionID, provider string, state *fleet.ProviderState, now time.Time) (time.Time, bool) {
+	tenantID, _ := SplitSessionID(sessionID)
+	e := fs.entry(tenantID, provider, now)
+	if e == nil {
+		return time.Time{}, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.used = now
+	if state == nil {
+		state = &e.state
+	}
+	// The deadline is not known here: a held retry waits, and its agent's
+	// own deadline ends the wait (it cancels, or abandons the retry).
+	v := state.Start(e.cfg, now, fleet.Pending{}, e.rng)
+	if v.Action != fleet.StartLater {
+		return time.Time{}, false
+	}
+	return v.At, true
 }

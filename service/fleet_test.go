@@ -203,3 +203,31 @@ func TestFleetSharedAcrossReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetStartGate: a retry admitted while the provider's circuit was
+// closed does not start while it is open, even though it fell due; it
+// starts (as a probe) once the open period ended.
+func TestFleetStartGate(t *testing.T) {
+	eachBackend(t, harnessOpts{policies: fleetPolicies}, func(t *testing.T, h *harness) {
+		ctx := context.Background()
+		early := h.schedule(failure("g0", 1, 1, "openai", "SERVER", fast(200)))
+		for i := range 3 {
+			h.fail(failure(fmt.Sprintf("g%d", i+1), 1, 1, "openai", "SERVER", fast(100)))
+		}
+		st := providerState(t, h, ctx, "openai")
+		if st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_OPEN {
+			t.Fatalf("circuit %v after 4 failures of 4, want open", st.GetCircuit())
+		}
+		openUntil := st.GetOpenUntil().AsTime()
+		if due := early.GetDueAt().AsTime(); !due.Before(openUntil) {
+			t.Fatalf("the early retry is due at %v, not before the open period's end %v: nothing to prove", due, openUntil)
+		}
+		started := h.start(early.GetRetryId())
+		if at := started.GetStartedAt().AsTime(); at.Before(openUntil) {
+			t.Errorf("the early retry started at %v, inside the open period (until %v)", at, openUntil)
+		}
+		if got := providerState(t, h, ctx, "openai").GetQueuedRetries(); got != 3 {
+			t.Errorf("queued retries %d after the early one started, want the 3 scheduled while open", got)
+		}
+	})
+}

@@ -128,6 +128,9 @@ func New(store Store, opts ...Option) (*Service, error) {
 		return nil, fmt.Errorf("service: admission: %w", err)
 	}
 	s.fleets = newFleets(s.policies, store, s.log)
+	if g, ok := store.(GatedStore); ok {
+		g.SetStartGate(s.fleets)
+	}
 	tel.onEvent = s.fleetEvent
 	if err := registerStoreGauges(s.mp, store); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
@@ -347,9 +350,9 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 func (s *Service) fleetEvent(ev *retrydv1.Event) {
 	switch k := ev.GetKind().(type) {
 	case *retrydv1.Event_Started:
-		s.fleets.settled(context.Background(), k.Started.GetRetryId(), s.now())
+		s.fleets.settled(context.Background(), k.Started.GetRetryId(), true, s.now())
 	case *retrydv1.Event_Cancelled:
-		s.fleets.settled(context.Background(), k.Cancelled.GetRetryId(), s.now())
+		s.fleets.settled(context.Background(), k.Cancelled.GetRetryId(), false, s.now())
 	}
 }
 

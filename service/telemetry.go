@@ -70,7 +70,9 @@ type instruments struct {
 	mu        sync.Mutex
 	backoffs  map[string]trace.Span // retry id → open backoff span
 	providers map[string]struct{}
-	dues      map[string]time.Time // retry id → due time, for pending retries (observe only)
+	dues      map[string]time.Time // retry id → due time, for pending retries (observe only, without dueSource)
+	// dueSource, when the store is one, answers due times instead of dues.
+	dueSource DueSource
 	// labels holds each metric attribute set the service has recorded
 	// with, ready to pass to Add: building and sorting a set per call
 	// costs more than the measurement. Bounded like the labels are.
@@ -356,6 +358,32 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	}
 }
 
+// DueSource is implemented by stores that answer a retained retry's due
+// time from memory. With one, the service keeps no copy of every pending
+// retry's due time for the start-lateness metric (a map entry per pending
+// retry, about 100 bytes each).
+type DueSource interface {
+	// Due returns the due time of a retry the store retains.
+	Due(retryID string) (time.Time, bool)
+}
+
+// remember notes a scheduled retry's due time, unless the store knows it.
+func (t *instruments) remember(sc *retrydv1.RetryScheduled) {
+	if t.dueSource == nil {
+		t.dues[sc.GetRetryId()] = sc.GetDueAt().AsTime()
+	}
+}
+
+// dueOf returns a retry's due time and forgets the service's copy of it.
+func (t *instruments) dueOf(retryID string) (time.Time, bool) {
+	if t.dueSource != nil {
+		return t.dueSource.Due(retryID)
+	}
+	due, ok := t.dues[retryID]
+	delete(t.dues, retryID)
+	return due, ok
+}
+
 // observe consumes the store's event log and turns Started and Cancelled
 // events into metrics (with the start lateness: actual start minus due
 // time) and the end of their backoff spans. Only one goroutine runs it; it
@@ -371,23 +399,22 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			// started: learn the pending retries' due times, count nothing.
 			switch k := ev.GetKind().(type) {
 			case *retrydv1.Event_Scheduled:
-				t.dues[k.Scheduled.GetRetryId()] = k.Scheduled.GetDueAt().AsTime()
+				t.remember(k.Scheduled)
 			case *retrydv1.Event_Started:
-				delete(t.dues, k.Started.GetRetryId())
+				t.dueOf(k.Started.GetRetryId())
 			case *retrydv1.Event_Cancelled:
-				delete(t.dues, k.Cancelled.GetRetryId())
+				t.dueOf(k.Cancelled.GetRetryId())
 			}
 			return nil
 		}
 		switch k := ev.GetKind().(type) {
 		case *retrydv1.Event_Scheduled:
-			t.dues[k.Scheduled.GetRetryId()] = k.Scheduled.GetDueAt().AsTime()
+			t.remember(k.Scheduled)
 		case *retrydv1.Event_Started:
 			st := k.Started
 			t.started.Add(ctx, 1)
-			if due, ok := t.dues[st.GetRetryId()]; ok {
+			if due, ok := t.dueOf(st.GetRetryId()); ok {
 				t.startLateness.Record(ctx, st.GetStartedAt().AsTime().Sub(due).Seconds())
-				delete(t.dues, st.GetRetryId())
 			}
 			span := t.takeBackoff(st.GetRetryId())
 			if span == nil {
@@ -398,7 +425,7 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			span.End(trace.WithTimestamp(at))
 		case *retrydv1.Event_Cancelled:
 			c := k.Cancelled
-			delete(t.dues, c.GetRetryId())
+			t.dueOf(c.GetRetryId())
 			t.cancelled.Add(ctx, 1, t.addOptions(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())})...)
 			if span := t.takeBackoff(c.GetRetryId()); span != nil {
 				at := ev.GetTime().AsTime()

@@ -26,7 +26,10 @@ import (
 	"github.com/retryd/retryd/service"
 )
 
-var _ service.Store = (*Store)(nil)
+var (
+	_ service.Store     = (*Store)(nil)
+	_ service.DueSource = (*Store)(nil)
+)
 
 const shardCount = 64
 
@@ -108,6 +111,10 @@ type Store struct {
 	timers *timerHeap
 
 	awaiters atomic.Int64
+	// gate is fleet protection's start gate (see service.StartGate), set
+	// once by the service; gateRetry is the method value engine.Env takes.
+	gate      atomic.Pointer[service.StartGate]
+	gateRetry func(r *engine.Retry, now time.Time) (time.Time, bool)
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -155,6 +162,7 @@ func New(cfg Config) *Store {
 		timers:  newTimerHeap(),
 		closing: make(chan struct{}),
 	}
+	s.gateRetry = s.startGate
 	for i := range s.shards {
 		s.shards[i].sessions = make(map[string]*engine.Session)
 		s.index[i].retries = make(map[string]*engine.Retry)
@@ -261,7 +269,28 @@ func (s *Store) commit(changes ...change) error {
 }
 
 func (s *Store) env() engine.Env {
-	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID}
+	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID, Gate: s.gateRetry}
+}
+
+var _ service.GatedStore = (*Store)(nil)
+
+// SetStartGate implements service.GatedStore.
+func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
+
+// startGate asks the gate, if any, whether the due retry r may start.
+func (s *Store) startGate(r *engine.Retry, now time.Time) (time.Time, bool) {
+	g := s.gate.Load()
+	if g == nil {
+		return time.Time{}, false
+	}
+	return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), nil, now)
+}
+
+// held re-arms the due timer of a retry the start gate held back.
+func (s *Store) held(r *engine.Retry) {
+	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(r.HeldUntil) {
+		s.timers.push(r.HeldUntil, r, timerDue)
+	}
 }
 
 func (s *Store) shardOf(sessionID string) *shard {
@@ -333,6 +362,19 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 	return out, nil
 }
 
+// Due implements service.DueSource: the due time of a retained retry.
+// A retry's due time never changes once it is indexed.
+func (s *Store) Due(retryID string) (time.Time, bool) {
+	ix := s.indexOf(retryID)
+	ix.mu.Lock()
+	r := ix.retries[retryID]
+	ix.mu.Unlock()
+	if r == nil {
+		return time.Time{}, false
+	}
+	return r.Due, true
+}
+
 // AwaitRetry implements service.Store.
 func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
 	r, err := s.lookup(scope, retryID)
@@ -352,7 +394,9 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		cp := s.checkpoint(sess)
-		if ev, ok := sess.Start(s.env(), r); ok {
+		if ev, ok := sess.Start(s.env(), r); !ok {
+			s.held(r)
+		} else {
 			if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
 				// Not started: the agent awaits again; the abandon timer
 				// still runs.
@@ -545,10 +589,10 @@ func (s *Store) fire(e timerEntry) {
 	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
 	case e.kind == timerDue && r.Awaiters > 0:
 		cp := s.checkpoint(sess)
-		if ev, ok := sess.Start(s.env(), r); ok {
-			if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
-				s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
-			}
+		if ev, ok := sess.Start(s.env(), r); !ok {
+			s.held(r)
+		} else if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
+			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
 		}
 	case e.kind == timerDue:
 		s.timers.push(r.Due.Add(s.cfg.AbandonGrace), r, timerAbandon)

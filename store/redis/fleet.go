@@ -123,3 +123,28 @@ func (s *Store) UpdateFleet(ctx context.Context, key string, fn func(*fleet.Prov
 	}
 	return fmt.Errorf("redis store: fleet state %q: %d transactions lost to concurrent writers: %w", key, maxAttempts, service.ErrUnavailable)
 }
+
+var _ service.GatedStore = (*Store)(nil)
+
+// SetStartGate implements service.GatedStore: a due retry starts only if
+// the gate, deciding on the fleet state read in the same transaction,
+// lets it.
+func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
+
+// watchFleet reads a fleet state the group did not read up front (a due
+// retry's provider), watching its key first so that the transaction fails
+// if another replica changes it meanwhile.
+func (s *Store) watchFleet(ctx context.Context, tx *redis.Tx, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
+	if st := states[key]; st != nil {
+		return st, nil
+	}
+	if err := tx.Watch(ctx, s.fleetKey(key)).Err(); err != nil {
+		return nil, unavailable("watching fleet state", err)
+	}
+	st, err := decodeFleet(tx.Get(ctx, s.fleetKey(key)))
+	if err != nil {
+		return nil, err
+	}
+	states[key] = st
+	return st, nil
+}

@@ -1,5 +1,6 @@
 // Package redis is retryd's shared store: every session lives in one Redis
-// (standalone, 7 or later), so several retryd replicas serve one fleet.
+// (7 or later; standalone, or a master that Redis Sentinel fails over), so
+// several retryd replicas serve one fleet.
 //
 // A session's whole state is one key, retryd:{SESSION}:s, holding the
 // engine's snapshot (retryd.state.v1.Session). Every change is an
@@ -32,9 +33,25 @@
 // Redis answers, for gRPC health; the URL parameter appendfsync=always
 // refuses a Redis that could lose acknowledged writes (health.go).
 //
+// Sentinel. A URL with master_name (url.go) reaches the master through
+// Redis Sentinel: the client asks the Sentinels for the master's address
+// on every new connection and drops its connections to the old master on
+// a switch, so after a failover the calls, the timer poller and the
+// subscription carry on against the promoted replica, with nothing to do
+// here: until then they fail UNAVAILABLE and Ping fails (NOT_SERVING).
+// What survives a failover is what had reached the promoted replica:
+// Redis replicates asynchronously, so a decision acknowledged in the last
+// moments before the master died can be missing on the new master,
+// together with everything committed after it (each MULTI/EXEC replicates
+// as a whole and in order, so the new master holds a prefix of the old
+// one's transactions, never part of one). Its sequence numbers are then
+// handed out again. appendfsync=always does not close that window, WAIT
+// after each commit would not either (other replicas read, notify and
+// start retries on a state before it is replicated); see the README.
+//
 // The timer set and the counter are not in the session's hash slot: this
-// store works on standalone Redis, not on Redis Cluster (that needs
-// per-slot timer sets and sequences).
+// store works on standalone Redis and Sentinel, not on Redis Cluster (that
+// needs per-slot timer sets and sequences; see the README).
 package redis
 
 import (
@@ -95,13 +112,15 @@ const (
 
 // Config configures a Store. Zero fields take the defaults.
 type Config struct {
-	// URL is the Redis to use: redis://[user:password@]host:port/db, with
-	// the Redis client's query parameters and retryd's own appendfsync=always
-	// (the same as RequireAppendFsyncAlways).
+	// URL is the Redis to use: redis://[user:password@]host:port/db, or a
+	// Sentinel URL redis://SENTINEL:26379/db?master_name=NAME&addr=… (see
+	// url.go), with the Redis client's query parameters and retryd's own
+	// appendfsync=always (the same as RequireAppendFsyncAlways).
 	URL string
-	// RequireAppendFsyncAlways makes Open refuse a Redis that does not run
-	// appendonly yes with appendfsync always, the setting under which no
-	// acknowledged decision is lost when Redis crashes (see health.go).
+	// RequireAppendFsyncAlways makes the store refuse a Redis master that
+	// does not run appendonly yes with appendfsync always, the setting under
+	// which no acknowledged decision is lost when Redis crashes: at Open,
+	// and on every connection after it (see health.go).
 	RequireAppendFsyncAlways bool
 	// KeyPrefix is put before every key and channel, so that several
 	// independent retryd deployments (or tests) share one Redis.
@@ -136,6 +155,7 @@ func (e *SchemaError) Error() string {
 // timers, Close also releases the connections.
 type Store struct {
 	cfg    Config
+	target *target // where rdb points (url.go)
 	rdb    *redis.Client
 	pubsub *redis.PubSub
 	notify *notifier
@@ -144,6 +164,8 @@ type Store struct {
 	queueMu sync.Mutex
 	queue   []*request
 	leading bool
+	// gate is fleet protection's start gate (see fleet.go).
+	gate atomic.Pointer[service.StartGate]
 
 	// awaiting counts this replica's connected AwaitRetry streams; stats
 	// is the last population read (see stats.go).
@@ -167,16 +189,11 @@ func (globalRand) Float64() float64 { return mrand.Float64() }
 // this retryd's schema (writing the schema version into an empty
 // database), and starts the timer poller and the notification subscriber.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
-	redisURL, fsyncAlways, err := storeURL(cfg.URL)
+	target, err := parseURL(cfg.URL)
 	if err != nil {
 		return nil, err
 	}
-	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || fsyncAlways
-	opts, err := redis.ParseURL(redisURL)
-	if err != nil {
-		// The URL may carry a password: name the problem, not the URL.
-		return nil, fmt.Errorf("redis store: the store URL is not a valid redis://host:port/db URL: %w", err)
-	}
+	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || target.fsyncAlways
 	if cfg.ChainTTL <= 0 {
 		cfg.ChainTTL = time.Hour
 	}
@@ -195,7 +212,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = globalRand{}
 	}
-	s := &Store{cfg: cfg, rdb: redis.NewClient(opts), notify: newNotifier(), closing: make(chan struct{})}
+	var onConnect func(context.Context, *redis.Conn) error
+	if cfg.RequireAppendFsyncAlways {
+		onConnect = requireDurable(target.String())
+	}
+	s := &Store{cfg: cfg, target: target, rdb: target.client(onConnect), notify: newNotifier(), closing: make(chan struct{})}
 	if err := s.check(ctx); err != nil {
 		s.rdb.Close()
 		return nil, err
@@ -206,7 +227,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if _, err := s.pubsub.Receive(cctx); err != nil {
 		s.pubsub.Close()
 		s.rdb.Close()
-		return nil, fmt.Errorf("redis store: subscribing to notifications at %s: %w", opts.Addr, err)
+		return nil, fmt.Errorf("redis store: subscribing to notifications at %s: %w", target, err)
 	}
 	s.wg.Add(2)
 	go s.runNotifications()
@@ -217,9 +238,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	addr := s.rdb.Options().Addr
+	addr := s.target.String()
 	if err := s.rdb.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("redis store: Redis at %s does not answer PING: %w", addr, err)
+		if de := (*durabilityError)(nil); errors.As(err, &de) {
+			return de // the connection hook refused it (health.go)
+		}
+		return fmt.Errorf("redis store: Redis at %s does not answer PING: %w", addr, s.target.explain(ctx, err))
 	}
 	key := s.cfg.KeyPrefix + "retryd:schema"
 	if err := s.rdb.SetNX(ctx, key, strconv.Itoa(SchemaVersion), 0).Err(); err != nil {
@@ -231,9 +255,6 @@ func (s *Store) check(ctx context.Context) error {
 	}
 	if found != strconv.Itoa(SchemaVersion) {
 		return &SchemaError{Key: key, Found: found}
-	}
-	if s.cfg.RequireAppendFsyncAlways {
-		return s.checkDurability(ctx)
 	}
 	return nil
 }
@@ -552,6 +573,24 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 		return err
 	}
 	env := s.env()
+	var gateErr error
+	if g := s.gate.Load(); g != nil {
+		if fleets == nil {
+			fleets = map[string]*fleet.ProviderState{}
+		}
+		env.Gate = func(r *engine.Retry, now time.Time) (time.Time, bool) {
+			key, ok := (*g).FleetKey(r.SessionID, r.Scheduled.GetProvider())
+			if !ok {
+				return time.Time{}, false
+			}
+			st, err := s.watchFleet(ctx, tx, fleets, key)
+			if err != nil {
+				gateErr = err
+				return now.Add(pollInterval), true
+			}
+			return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), st, now)
+		}
+	}
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
 		l := sessions[i]
@@ -563,6 +602,9 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 		if errs[i] = sessions[index[r.id]].damaged; errs[i] == nil {
 			errs[i] = r.fn(txns[index[r.id]])
 		}
+	}
+	if gateErr != nil {
+		return gateErr
 	}
 	seq := last
 	write := false
@@ -757,9 +799,12 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 		case now.Before(r.Due):
 			t.setTimer(r, r.Due)
 		case t.awaiters[retryID] > 0:
-			ev, _ := t.sess.Start(t.env, r)
-			t.changed(ev)
-			t.clearTimer(retryID)
+			if ev, ok := t.sess.Start(t.env, r); ok {
+				t.changed(ev)
+				t.clearTimer(retryID)
+			} else {
+				t.setTimer(r, r.HeldUntil) // held by the start gate
+			}
 		case now.Before(s.abandonAt(r)):
 			t.setTimer(r, s.abandonAt(r))
 		default:

@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -228,6 +230,53 @@ func TestFleetStartGate(t *testing.T) {
 		}
 		if got := providerState(t, h, ctx, "openai").GetQueuedRetries(); got != 3 {
 			t.Errorf("queued retries %d after the early one started, want the 3 scheduled while open", got)
+		}
+	})
+}
+
+// TestFleetVisible: what fleet protection did shows in the decision span
+// and in the decisions metric, not only in the response.
+func TestFleetVisible(t *testing.T) {
+	eachBackend(t, harnessOpts{policies: fleetPolicies, telemetry: true}, func(t *testing.T, h *harness) {
+		for i := range 3 {
+			h.fail(failure(fmt.Sprintf("v%d", i), 1, 1, "deepseek", "RATE_LIMIT", fast(100)))
+		}
+		sched := &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_SCHEDULE, Schedule: []uint64{100}, TailDelayMs: proto.Uint64(3000)}
+		h.schedule(failure("v9", 1, 1, "deepseek", "SERVER", sched))
+
+		var rm metricdata.ResourceMetrics
+		if err := h.metrics.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		byReason := map[string]int64{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "retryd.decisions" {
+					for _, dp := range s.DataPoints {
+						reason, _ := dp.Attributes.Value("reason")
+						decision, _ := dp.Attributes.Value("decision")
+						byReason[decision.AsString()+"/"+reason.AsString()] += dp.Value
+					}
+				}
+			}
+		}
+		want := map[string]int64{"schedule/": 2, "delegate/fleet_budget_exhausted": 1, "schedule/fleet_budget": 1}
+		for k, n := range want {
+			if byReason[k] != n {
+				t.Errorf("decisions %s = %d, want %d (all: %v)", k, byReason[k], n, byReason)
+			}
+		}
+		var sources []string
+		for _, s := range spansNamed(h.spans, "retryd.decide") {
+			if v, ok := attrs(s)["retryd.delay.source"]; ok {
+				sources = append(sources, v.AsString())
+			}
+			if v, ok := attrs(s)["retryd.delegate.reason"]; ok {
+				sources = append(sources, v.AsString())
+			}
+		}
+		if !slices.ContainsFunc(sources, func(s string) bool { return strings.Contains(s, "FLEET_BUDGET") }) {
+			t.Errorf("no decision span names the fleet budget: %v", sources)
 		}
 	})
 }

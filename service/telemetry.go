@@ -308,7 +308,7 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	}
 	d := out.Response.GetDecision()
 	if s := d.GetSchedule(); s != nil {
-		_, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "schedule", "", modeLabel(s.GetMode()))
+		_, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "schedule", heldLabel(s.GetDelaySource()), modeLabel(s.GetMode()))
 		t.attempts.Add(ctx, 1, attempts...)
 		t.decisions.Add(ctx, 1, decisions...)
 		if !t.enabled {
@@ -486,6 +486,21 @@ func enumLabels(names map[int32]string, prefix string) map[int32]string {
 		out[v] = trimPrefix(name, prefix)
 	}
 	return out
+}
+
+// heldLabel is the reason label of a scheduled decision: the fleet rule
+// that held the retry (budget, circuit, provider pacing), or empty when
+// the policy alone set its delay.
+func heldLabel(src retrydv1.DelaySource) string {
+	switch src {
+	case retrydv1.DelaySource_DELAY_SOURCE_FLEET_BUDGET:
+		return "fleet_budget"
+	case retrydv1.DelaySource_DELAY_SOURCE_CIRCUIT_OPEN:
+		return "circuit_open"
+	case retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_PACING:
+		return "provider_pacing"
+	}
+	return ""
 }
 
 func reasonLabel(r retrydv1.DelegateReason) string {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/redis"
 )
 
 // Config is every setting of `retryd serve`. Each field has a flag and an
@@ -50,9 +51,11 @@ type Config struct {
 	// server; needs MetricsListen (flag --pprof, env RETRYD_PPROF).
 	Pprof bool
 	// Store is where state lives: "memory" (lost on restart),
-	// "file:DIR", durable in DIR on this node, or "redis://host:port/db",
-	// shared by every replica using that Redis (flag --store, env
-	// RETRYD_STORE).
+	// "file:DIR", durable in DIR on this node, or "redis://host:port/db"
+	// (rediss:// for TLS), shared by every replica using that Redis; a
+	// redis:// URL with master_name finds the master through Redis
+	// Sentinel: "redis://sentinel:26379/0?master_name=NAME&addr=…" (flag
+	// --store, env RETRYD_STORE).
 	Store string
 
 	// TLSCert and TLSKey are the PEM certificate chain and private key of
@@ -143,21 +146,23 @@ func (c *Config) TLSEnabled() bool { return c.TLSCert != "" }
 // MTLSEnabled reports whether the gRPC port requires client certificates.
 func (c *Config) MTLSEnabled() bool { return c.TLSEnabled() && c.TLSClientCA != "" }
 
-// StoreMemory, StoreFilePrefix and StoreRedisPrefix are the values of
-// Config.Store.
+// StoreMemory, StoreFilePrefix, StoreRedisPrefix and StoreRedisTLSPrefix
+// are the values of Config.Store.
 const (
-	StoreMemory      = "memory"
-	StoreFilePrefix  = "file:"
-	StoreRedisPrefix = "redis://"
+	StoreMemory         = "memory"
+	StoreFilePrefix     = "file:"
+	StoreRedisPrefix    = "redis://"
+	StoreRedisTLSPrefix = "rediss://"
 )
 
 // StoreKind returns the kind of the configured store ("memory", "file" or
-// "redis") and, for a file store, its directory, for a redis store its URL.
+// "redis") and, for a file store, its directory, for a redis store its URL
+// (standalone or Sentinel).
 func (c *Config) StoreKind() (kind, dir string) {
 	if d, ok := strings.CutPrefix(c.Store, StoreFilePrefix); ok {
 		return "file", d
 	}
-	if strings.HasPrefix(c.Store, StoreRedisPrefix) {
+	if strings.HasPrefix(c.Store, StoreRedisPrefix) || strings.HasPrefix(c.Store, StoreRedisTLSPrefix) {
 		return "redis", c.Store
 	}
 	return c.Store, ""
@@ -209,7 +214,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "text or json (env RETRYD_LOG_FORMAT)")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", c.MetricsListen, "HTTP address of /metrics; empty: off (env RETRYD_METRICS_LISTEN)")
 	fs.BoolVar(&c.Pprof, "pprof", c.Pprof, "also serve net/http/pprof under /debug/pprof/ on --metrics-listen (env RETRYD_PPROF)")
-	fs.StringVar(&c.Store, "store", c.Store, "memory, file:DIR for state that survives restarts, or redis://host:port/db shared by replicas (env RETRYD_STORE)")
+	fs.StringVar(&c.Store, "store", c.Store, "memory, file:DIR for state that survives restarts, or redis://host:port/db shared by replicas (redis://sentinel:26379/db?master_name=NAME&addr=… through Redis Sentinel) (env RETRYD_STORE)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate chain of the gRPC port; with --tls-key turns TLS on (env RETRYD_TLS_CERT)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert (env RETRYD_TLS_KEY)")
 	fs.StringVar(&c.TLSClientCA, "tls-client-ca", c.TLSClientCA, "PEM CA bundle; set: require and verify client certificates (mTLS) (env RETRYD_TLS_CLIENT_CA)")
@@ -341,10 +346,16 @@ func (c *Config) Validate() error {
 	switch kind, dir := c.StoreKind(); {
 	case kind == "file" && dir == "":
 		bad("store", c.Store, "file: needs a directory, e.g. file:/var/lib/retryd")
-	case kind == "redis" && strings.TrimPrefix(dir, StoreRedisPrefix) == "":
+	case kind == "redis" && (dir == StoreRedisPrefix || dir == StoreRedisTLSPrefix):
 		bad("store", c.Store, "redis:// needs an address, e.g. redis://127.0.0.1:6379/0")
-	case kind != StoreMemory && kind != "file" && kind != "redis":
-		bad("store", c.Store, "want memory, file:DIR or redis://host:port/db")
+	case kind == "redis":
+		// The URL may carry passwords: the error shows it redacted, and
+		// the reason never repeats it.
+		if err := redis.CheckURL(dir); err != nil {
+			bad("store", redis.RedactURL(c.Store), err.Error())
+		}
+	case kind != StoreMemory && kind != "file":
+		bad("store", c.Store, "want memory, file:DIR, redis://host:port/db or redis://sentinel:26379/db?master_name=NAME")
 	}
 	c.validateTransport(bad, checkAddr)
 	c.validateAuth(bad)

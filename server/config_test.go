@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -18,6 +19,12 @@ func TestStoreSetting(t *testing.T) {
 		{flag: "file:/var/lib/retryd", wantKind: "file", wantDir: "/var/lib/retryd"},
 		{env: "file:data", wantKind: "file", wantDir: "data"},
 		{flag: "memory", env: "file:data", wantKind: "memory"}, // the flag wins
+		{flag: "redis://127.0.0.1:6379/0", wantKind: "redis", wantDir: "redis://127.0.0.1:6379/0"},
+		{flag: "rediss://redis.example:6380/1", wantKind: "redis", wantDir: "rediss://redis.example:6380/1"},
+		{env: "redis://s0:26379/0?master_name=m&addr=s1:26379", wantKind: "redis", wantDir: "redis://s0:26379/0?master_name=m&addr=s1:26379"},
+		{flag: "redis://", bad: true},
+		{flag: "redis://s0:26379/0?addr=s1:26379", bad: true},                 // Sentinels, but no master_name
+		{flag: "redis://:pw@s0:26379/0?master_name=m&colour=blue", bad: true}, // an option the client does not know
 		{flag: "file:", bad: true},
 		{flag: "sqlite", bad: true},
 		{env: "file", bad: true},
@@ -47,6 +54,8 @@ func TestStoreSetting(t *testing.T) {
 		case tc.bad:
 			if !errors.As(err, &fe) || fe.Field != "store" {
 				t.Errorf("flag %q env %q: %v, want a FieldError naming store", tc.flag, tc.env, err)
+			} else if strings.Contains(err.Error(), ":pw@") {
+				t.Errorf("flag %q env %q: %v shows the URL's password", tc.flag, tc.env, err)
 			}
 		case err != nil:
 			t.Errorf("flag %q env %q: %v", tc.flag, tc.env, err)

@@ -304,7 +304,7 @@ func openStore(c Config) (*openedStore, error) {
 		}
 		return &openedStore{Store: s, kind: kind, stop: s.Stop, release: s.Close}, nil
 	default:
-		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR or redis://host:port/db"}
+		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR, redis://host:port/db or redis://sentinel:26379/db?master_name=NAME"}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/service"
 )
 
@@ -32,6 +33,15 @@ func (s *Store) Ping(ctx context.Context) error {
 // without the Redis-wide setting, but other replicas could still read and
 // act on a state that is not yet on disk, and Redis 7.0 lacks it; so retryd
 // relies on appendfsync always, and checks it when the URL asks.
+//
+// The check runs on every new connection, not once: the Redis behind a
+// URL can change while retryd runs (a Sentinel failover promotes a
+// replica, a Redis restarts with other settings), and a connection to a
+// master that could lose acknowledged writes is refused before any
+// command is sent on it. The calls fail UNAVAILABLE meanwhile, Ping fails
+// too (NOT_SERVING, with the reason in the log), and Open refuses to start.
+// Asynchronous replication is another way to lose writes, which no fsync
+// setting closes: see the package doc on Sentinel.
 
 // appendFsyncParam is the URL query parameter (appendfsync=always) that
 // makes Open refuse a Redis that does not fsync every write.
@@ -58,24 +68,55 @@ func storeURL(raw string) (redisURL string, fsyncAlways bool, err error) {
 	return u.String(), true, nil
 }
 
-// checkDurability refuses a Redis that does not fsync every write before it
-// answers. It needs CONFIG GET, which some managed Redis services rename
-// away: there, leave the parameter out and check the service's settings.
-func (s *Store) checkDurability(ctx context.Context) error {
-	addr := s.rdb.Options().Addr
-	got := map[string]string{}
-	for _, name := range []string{"appendonly", "appendfsync"} {
-		v, err := s.rdb.ConfigGet(ctx, name).Result()
+// durabilityError is a Redis master that does not fsync every write before
+// it answers, found on a new connection while the URL asks for
+// appendfsync=always.
+type durabilityError struct {
+	addr                    string
+	appendOnly, appendFsync string
+}
+
+func (e *durabilityError) Error() string {
+	return fmt.Sprintf("redis store: the URL asks for %s=always, but Redis at %s runs appendonly %q, appendfsync %q: "+
+		"a crash of Redis could lose decisions retryd acknowledged; set appendonly yes and appendfsync always "+
+		"in Redis (on every node a Sentinel may promote), or drop %s from the URL to accept that",
+		appendFsyncParam, e.addr, e.appendOnly, e.appendFsync, appendFsyncParam)
+}
+
+// requireDurable is the client's connection hook when the URL asks for
+// appendfsync=always: a connection to a master that does not fsync every
+// write fails, before any command is sent on it. A replica and a Sentinel
+// (the Sentinel URL's client connects to both through the same hook) are
+// let through: a Sentinel stores no decisions, and a replica refuses
+// writes on its own (READONLY). It needs ROLE and CONFIG GET, which some
+// managed Redis services rename away: there, leave the parameter out and
+// check the service's settings. where names the target when Redis does not
+// say its own address.
+func requireDurable(where string) func(context.Context, *redis.Conn) error {
+	return func(ctx context.Context, cn *redis.Conn) error {
+		role, err := cn.Do(ctx, "ROLE").Slice()
 		if err != nil {
-			return fmt.Errorf("redis store: the URL asks for %s=always, but CONFIG GET %s at %s failed: %w",
-				appendFsyncParam, name, addr, err)
+			return fmt.Errorf("redis store: the URL asks for %s=always, but ROLE at %s failed: %w", appendFsyncParam, where, err)
 		}
-		got[name] = v[name]
+		if len(role) == 0 || role[0] != "master" {
+			return nil
+		}
+		got := map[string]string{}
+		for _, name := range []string{"appendonly", "appendfsync"} {
+			v, err := cn.ConfigGet(ctx, name).Result()
+			if err != nil {
+				return fmt.Errorf("redis store: the URL asks for %s=always, but CONFIG GET %s at %s failed: %w",
+					appendFsyncParam, name, where, err)
+			}
+			got[name] = v[name]
+		}
+		if got["appendonly"] == "yes" && got["appendfsync"] == "always" {
+			return nil
+		}
+		addr := where
+		if info, err := cn.ClientInfo(ctx).Result(); err == nil && info.LAddr != "" {
+			addr = info.LAddr // the address this connection reached, e.g. the master a Sentinel named
+		}
+		return &durabilityError{addr: addr, appendOnly: got["appendonly"], appendFsync: got["appendfsync"]}
 	}
-	if got["appendonly"] != "yes" || got["appendfsync"] != "always" {
-		return fmt.Errorf("redis store: the URL asks for %s=always, but Redis at %s runs appendonly %q, appendfsync %q: "+
-			"a crash of Redis could lose decisions retryd acknowledged; set appendonly yes and appendfsync always "+
-			"in Redis, or drop %s from the URL to accept that", appendFsyncParam, addr, got["appendonly"], got["appendfsync"], appendFsyncParam)
-	}
-	return nil
 }

@@ -80,7 +80,9 @@ type exchange struct {
 type load struct {
 	t      *testing.T
 	client *retryd.Client
-	told   told
+	// name starts its sessions' ids.
+	name string
+	told told
 	// calls counts answered calls; repeats the calls repeated after
 	// UNAVAILABLE.
 	calls, repeats atomic.Int64
@@ -90,7 +92,13 @@ type load struct {
 
 // startLoad starts n agents.
 func startLoad(t *testing.T, client *retryd.Client, n int) *load {
-	l := &load{t: t, client: client, told: told{
+	return startNamedLoad(t, client, n, "agent")
+}
+
+// startNamedLoad starts n agents whose sessions' ids start with name, so
+// that a second load does not run into the first one's sessions.
+func startNamedLoad(t *testing.T, client *retryd.Client, n int, name string) *load {
+	l := &load{t: t, client: client, name: name, told: told{
 		last: map[string]exchange{}, scheduled: map[string]*retrydv1.Schedule{}, sessionOf: map[string]string{},
 		started: map[string][]*retrydv1.RetryStarted{}, cancelled: map[string][]*retrydv1.RetryCancelled{},
 		pending: map[string]bool{},
@@ -132,7 +140,7 @@ func repeat[R any](l *load, call func(context.Context) (R, error)) (R, error) {
 func (l *load) agent(n int) {
 	rnd := mrand.New(mrand.NewPCG(uint64(n), 7))
 	for k := 0; !l.stopping.Load(); k++ {
-		session := fmt.Sprintf("agent%d-session%d", n, k)
+		session := fmt.Sprintf("%s%d-session%d", l.name, n, k)
 		for step := uint64(1); step <= 4 && !l.stopping.Load(); step++ {
 			action := rnd.IntN(10)
 			if !l.step(session, step, action) {

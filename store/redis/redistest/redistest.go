@@ -1,7 +1,9 @@
 // Package redistest starts throwaway redis-server processes for tests: on
 // a free loopback port, stopped by PID; without persistence (Start,
 // Shared), or with an append-only file in a directory of the test, to be
-// crashed or stopped and restarted on the same port (StartWith).
+// crashed or stopped and restarted on the same port (StartWith), as a
+// replica of another (Options.ReplicaOf), and Redis Sentinels that fail a
+// master over to its replica (StartSentinels, sentinel.go).
 package redistest
 
 import (
@@ -108,6 +110,9 @@ type Options struct {
 	// everysec) or "no".
 	AppendOnly  bool
 	AppendFsync string
+	// ReplicaOf makes the server a replica of that server (--replicaof);
+	// StartWith returns once the replica has synced with it.
+	ReplicaOf *Server
 }
 
 // StartWith starts a redis-server of the test's own with opts, stopped at
@@ -126,11 +131,21 @@ func StartWith(t testing.TB, opts Options) *Server {
 			args = append(args, "--appendfsync", opts.AppendFsync)
 		}
 	}
+	if opts.ReplicaOf != nil {
+		host, port, err := net.SplitHostPort(opts.ReplicaOf.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--replicaof", host, port)
+	}
 	s, err := start(args...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
+	if opts.ReplicaOf != nil {
+		s.waitSynced(t)
+	}
 	return s
 }
 
@@ -186,15 +201,22 @@ func Prefix() string {
 }
 
 // start runs redis-server on a free loopback port (see run), without
-// snapshots and, unless args turn it on, without an append-only file.
+// snapshots and, unless args turn it on, without an append-only file. A
+// replica's first synchronisation starts at once (not after the 5 s Redis
+// waits by default for more replicas to share it).
 func start(args ...string) (*Server, error) {
+	return startArgs(append([]string{"--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0"}, args...))
+}
+
+// startArgs runs redis-server with exactly args (a configuration file, if
+// any, first) on a free loopback port.
+func startArgs(args []string) (*Server, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	port := lis.Addr().(*net.TCPAddr).Port
 	lis.Close()
-	args = append([]string{"--save", "", "--appendonly", "no"}, args...)
 	p, err := run(port, args)
 	if err != nil {
 		return nil, err

@@ -3,7 +3,6 @@ package service_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"runtime"
 	"slices"
 	"sync"
@@ -17,53 +16,20 @@ import (
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/tenant"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// startLimited starts a server with admission limits over a store opened
-// by open, as eachBackend does (real gRPC, the test-tenant interceptors,
-// Observe running), and returns its harness.
+// startLimited starts a server with admission limits, as eachBackend
+// does.
 func startLimited(t *testing.T, open func(*testing.T, memory.Config) service.Store, limits service.Limits) (*harness, *service.Service) {
 	t.Helper()
-	store := open(t, memory.Config{AbandonGrace: time.Minute})
-	reader := sdkmetric.NewManualReader()
-	svc, err := service.New(store, service.WithLimits(limits),
-		service.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(testTenantUnary), grpc.ChainStreamInterceptor(testTenantStream))
-	retrydv1.RegisterRetryServiceServer(srv, svc)
-	observeCtx, stopObserving := context.WithCancel(context.Background())
-	observed := make(chan error, 1)
-	go func() { observed <- svc.Observe(observeCtx) }()
-	t.Cleanup(func() {
-		stopObserving()
-		if err := <-observed; err != nil {
-			t.Errorf("Observe: %v", err)
-		}
-	})
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &harness{t: t, store: store, client: retrydv1.NewRetryServiceClient(conn), conn: conn, metrics: reader}, svc
+	return startHarness(t, open, harnessOpts{limits: &limits})
 }
 
 // admissionTenants are the tenants the admission tests call as.

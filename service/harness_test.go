@@ -89,10 +89,12 @@ type harness struct {
 type harnessOpts struct {
 	abandonGrace time.Duration
 	policies     string // YAML policy file content
-	// telemetry gives each backend's server a recording tracer and meter
-	// provider of its own, so that backends running in parallel never see
-	// each other's spans and metrics.
+	// telemetry gives each backend's server a recording tracer of its
+	// own, so that backends running in parallel never see each other's
+	// spans (metrics are recorded per server always).
 	telemetry bool
+	// limits, when set, are the server's admission limits.
+	limits *service.Limits
 }
 
 // eachBackend runs fn once per store, each with its own server over real
@@ -103,71 +105,83 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			grace := o.abandonGrace
-			if grace == 0 {
-				grace = time.Minute
-			}
-			store := b.open(t, memory.Config{AbandonGrace: grace})
-			var opts []service.Option
-			if o.policies != "" {
-				ps, err := config.Parse([]byte(o.policies))
-				if err != nil {
-					t.Fatal(err)
-				}
-				opts = append(opts, service.WithPolicies(ps))
-			}
-			h := &harness{t: t, store: store}
-			srvOpts := []grpc.ServerOption{
-				grpc.ChainUnaryInterceptor(testTenantUnary), grpc.ChainStreamInterceptor(testTenantStream),
-			}
-			if o.telemetry {
-				h.spans = tracetest.NewSpanRecorder()
-				// The server's own filter: speculative backoff spans of
-				// delegated failures are dropped, not recorded.
-				h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewDiscardFilter(h.spans)))
-				h.metrics = sdkmetric.NewManualReader()
-				srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
-					otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
-				opts = append(opts, service.WithTracerProvider(h.tracer),
-					service.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.metrics))))
-			}
-			srv := grpc.NewServer(srvOpts...)
-			svc, err := service.New(store, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			retrydv1.RegisterRetryServiceServer(srv, svc)
-			observeCtx, stopObserving := context.WithCancel(context.Background())
-			observed := make(chan error, 1)
-			go func() { observed <- svc.Observe(observeCtx) }()
-			t.Cleanup(func() {
-				stopObserving()
-				if err := <-observed; err != nil {
-					t.Errorf("Observe: %v", err)
-				}
-			})
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go srv.Serve(lis)
-			t.Cleanup(srv.Stop)
-			dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-			if o.telemetry {
-				// The agent side propagates its attempt span as W3C trace context.
-				dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
-					otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
-			}
-			conn, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
-			h.client, h.conn = retrydv1.NewRetryServiceClient(conn), conn
+			h, _ := startHarness(t, b.open, o)
 			fn(t, h)
 			h.verify()
 		})
 	}
+}
+
+// startHarness starts one server over a store opened by open, with real
+// gRPC on a loopback TCP port, the test-tenant interceptors and Observe
+// running, and returns its harness and service.
+func startHarness(t *testing.T, open func(*testing.T, memory.Config) service.Store, o harnessOpts) (*harness, *service.Service) {
+	t.Helper()
+	grace := o.abandonGrace
+	if grace == 0 {
+		grace = time.Minute
+	}
+	store := open(t, memory.Config{AbandonGrace: grace})
+	var opts []service.Option
+	if o.limits != nil {
+		opts = append(opts, service.WithLimits(*o.limits))
+	}
+	if o.policies != "" {
+		ps, err := config.Parse([]byte(o.policies))
+		if err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, service.WithPolicies(ps))
+	}
+	// Every server records its metrics, in a reader of its own.
+	h := &harness{t: t, store: store, metrics: sdkmetric.NewManualReader()}
+	opts = append(opts, service.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.metrics))))
+	srvOpts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(testTenantUnary), grpc.ChainStreamInterceptor(testTenantStream),
+	}
+	if o.telemetry {
+		h.spans = tracetest.NewSpanRecorder()
+		// The server's own filter: speculative backoff spans of
+		// delegated failures are dropped, not recorded.
+		h.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(telemetry.NewDiscardFilter(h.spans)))
+		srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+		opts = append(opts, service.WithTracerProvider(h.tracer))
+	}
+	srv := grpc.NewServer(srvOpts...)
+	svc, err := service.New(store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retrydv1.RegisterRetryServiceServer(srv, svc)
+	observeCtx, stopObserving := context.WithCancel(context.Background())
+	observed := make(chan error, 1)
+	go func() { observed <- svc.Observe(observeCtx) }()
+	t.Cleanup(func() {
+		stopObserving()
+		if err := <-observed; err != nil {
+			t.Errorf("Observe: %v", err)
+		}
+	})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if o.telemetry {
+		// The agent side propagates its attempt span as W3C trace context.
+		dialOpts = append(dialOpts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
+			otelgrpc.WithTracerProvider(h.tracer), otelgrpc.WithPropagators(propagation.TraceContext{}))))
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	h.client, h.conn = retrydv1.NewRetryServiceClient(conn), conn
+	return h, svc
 }
 
 func (h *harness) verify() {

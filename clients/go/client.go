@@ -34,11 +34,18 @@ type Client struct {
 // such as "127.0.0.1:7700" or "dns:///retryd.internal:7700") with
 // grpc.NewClient, which connects lazily on the first call. The connection
 // uses insecure (plaintext) transport credentials, which suit a loopback or
-// sidecar server, unless WithDialOptions supplies others. Close releases
-// the connection.
+// sidecar server, unless WithDialOptions supplies others. With
+// WithBearerToken or WithInsecureBearerToken every call carries the token
+// (a per-RPC credential of the connection). Close releases the connection.
 func New(target string, opts ...Option) (*Client, error) {
 	o := newOptions(opts)
 	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.dialOptions...)
+	if o.token != nil {
+		if err := o.token.check(); err != nil {
+			return nil, err
+		}
+		dial = append(dial, grpc.WithPerRPCCredentials(o.token))
+	}
 	conn, err := grpc.NewClient(target, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("retryd: grpc.NewClient %q: %w", target, err)
@@ -48,9 +55,15 @@ func New(target string, opts ...Option) (*Client, error) {
 
 // NewFromConn creates a client over a connection the caller owns and
 // closes; the client's Close leaves it open. WithDialOptions has no effect
-// here.
+// here. WithBearerToken and WithInsecureBearerToken do: the client adds
+// the token to each of its calls (grpc.PerRPCCredentials), including those
+// made through Service.
 func NewFromConn(conn grpc.ClientConnInterface, opts ...Option) *Client {
-	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: newOptions(opts)}
+	o := newOptions(opts)
+	if o.token != nil {
+		conn = tokenConn{ClientConnInterface: conn, token: o.token}
+	}
+	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: o}
 }
 
 // Close closes the connection New created; for a client from NewFromConn
@@ -65,7 +78,8 @@ func (c *Client) Close() error {
 }
 
 // Service returns the generated RetryService client the wrappers use, for
-// calls that need per-call gRPC options.
+// calls that need per-call gRPC options. Its calls carry the client's
+// bearer token like the wrappers' do.
 func (c *Client) Service() retrydv1.RetryServiceClient { return c.rpc }
 
 // FailedStep reports one failed model request and returns retryd's
@@ -222,6 +236,17 @@ func (c *Client) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededR
 // GetChains reads a session's retry chains and its latest turn and step.
 func (c *Client) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
 	return c.rpc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: sessionID})
+}
+
+// ProviderState reads the fleet protection of one provider for the
+// caller's tenant (GetProviderState): its retry budget, failure rate,
+// circuit and pacing. GetProtected() is false, and every other field zero,
+// when the server's policy file gives the provider no fleet protection.
+// An empty provider is codes.InvalidArgument; with authentication, a
+// provider the tenant may not use is codes.PermissionDenied (see
+// IsProviderNotAllowed).
+func (c *Client) ProviderState(ctx context.Context, provider string) (*retrydv1.GetProviderStateResponse, error) {
+	return c.rpc.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: provider})
 }
 
 // WatchEvents streams the event log as an iterator of (event, nil) pairs:

@@ -3,6 +3,8 @@ package retryd_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -150,6 +152,52 @@ func TestClose(t *testing.T) {
 	}
 	if _, err := owned.GetChains(ctx, "close"); status.Code(err) != codes.Canceled {
 		t.Errorf("GetChains after Close = %v, want Canceled (connection closing)", err)
+	}
+	retrydtest.Verify(t, ts.conn)
+}
+
+// TestProviderState reads a provider's fleet protection through
+// ProviderState, from a server whose policy file protects deepseek only:
+// its budget and circuit, a scheduled retry taking a token and queueing;
+// an unprotected provider answers zeros; an empty provider is refused.
+func TestProviderState(t *testing.T) {
+	t.Parallel()
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	// A refill so slow that the test cannot see it: the budget only
+	// changes by the retry it schedules.
+	body := "providers:\n  deepseek:\n    fleet: {capacity: 3, refillPerSecond: 0.0001, successCredit: 0.1}\n"
+	if err := os.WriteFile(config, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, "--config", config)
+	ctx := testContext(t)
+
+	st, err := ts.client.ProviderState(ctx, "deepseek")
+	if err != nil || !st.GetProtected() || st.GetProvider() != "deepseek" || st.GetBudgetCapacity() != 3 || st.GetBudgetTokens() != 3 ||
+		st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_CLOSED || st.GetQueuedRetries() != 0 {
+		t.Fatalf("ProviderState(deepseek) = %v, %v; want protected, 3 of 3 tokens, circuit closed, nothing queued", st, err)
+	}
+	req := failedStep("provider-state", 1, 1, backoffPolicy(10_000, 2))
+	req.Provider = "deepseek"
+	resp, err := ts.client.FailedStep(ctx, req)
+	if err != nil || resp.GetDecision().GetSchedule() == nil {
+		t.Fatalf("FailedStep = %v, %v; want a scheduled retry", resp.GetDecision(), err)
+	}
+	st, err = ts.client.ProviderState(ctx, "deepseek")
+	if err != nil || st.GetBudgetTokens() < 2 || st.GetBudgetTokens() >= 2.5 || st.GetQueuedRetries() != 1 || st.GetWindowSamples() != 1 || st.GetFailureRate() != 1 {
+		t.Errorf("ProviderState(deepseek) after one retry = %v, %v; want 2 tokens (one taken), 1 queued, 1 failure in the window", st, err)
+	}
+
+	st, err = ts.client.ProviderState(ctx, "openai")
+	if err != nil || st.GetProtected() || st.GetProvider() != "openai" || st.GetBudgetCapacity() != 0 || st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_UNSPECIFIED {
+		t.Errorf("ProviderState(openai) = %v, %v; want unprotected, zeros", st, err)
+	}
+	_, err = ts.client.ProviderState(ctx, "")
+	if status.Code(err) != codes.InvalidArgument || retryd.FieldViolations(err)["provider"] == "" {
+		t.Errorf("ProviderState(\"\") = %v, want InvalidArgument on provider", err)
+	}
+	if _, err := ts.client.CancelSession(ctx, "provider-state"); err != nil {
+		t.Errorf("CancelSession: %v", err)
 	}
 	retrydtest.Verify(t, ts.conn)
 }

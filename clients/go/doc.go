@@ -38,14 +38,21 @@
 // retry chains, so its next failure starts again at retry 1.
 //
 // The lower-level calls wrap the RetryService one to one: FailedStep,
-// AwaitRetry, CancelRetry, CancelSession, StepSucceeded, GetChains and
-// WatchEvents (an iterator over the event log). Server errors are gRPC
-// status errors returned as is; IsRetryPending, ErrorReason and
+// AwaitRetry, CancelRetry, CancelSession, StepSucceeded, GetChains,
+// WatchEvents (an iterator over the event log) and ProviderState (a
+// provider's fleet protection). Server errors are gRPC status errors
+// returned as is; IsRetryPending, IsProviderNotAllowed,
+// IsPolicyNotAllowed, IsLimitReached, RetryDelay, ErrorReason and
 // FieldViolations read their google.rpc error details.
 //
+// A server started with --auth-credentials needs a tenant's bearer token
+// on every call: WithBearerToken sends it over TLS only,
+// WithInsecureBearerToken over any connection (loopback, a sidecar that
+// encrypts the hop, tests).
+//
 // Options follow connect-go's pattern: Option is an interface with an
-// unexported method, built by WithDialOptions, WithReattachBackoff and
-// WithCancelTimeout.
+// unexported method, built by WithDialOptions, WithBearerToken,
+// WithInsecureBearerToken, WithReattachBackoff and WithCancelTimeout.
 //
 // The Example functions of this package are its runnable documentation.
 // They talk to a real retryd server that the package's TestMain builds

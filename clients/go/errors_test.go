@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	retryd "github.com/retryd/retryd/clients/go"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
@@ -111,6 +112,82 @@ func TestFieldViolations(t *testing.T) {
 	}
 	if got := retryd.FieldViolations(nil); got != nil {
 		t.Errorf("FieldViolations(nil) = %v, want nil", got)
+	}
+	retrydtest.Verify(t, ts.conn)
+}
+
+// TestLimitReached reads admission control's refusal from a server whose
+// tenant may hold one pending retry: the second session's report is
+// RESOURCE_EXHAUSTED with the full bound and a RetryInfo of 1 s, recorded
+// nothing, and is admitted once the first retry is cancelled.
+func TestLimitReached(t *testing.T) {
+	t.Parallel()
+	ts := startServer(t, "--max-pending-retries-per-tenant", "1")
+	ctx := testContext(t)
+	first, err := ts.client.FailedStep(ctx, failedStep("limit-1", 1, 1, backoffPolicy(10_000, 2)))
+	if err != nil || first.GetDecision().GetSchedule() == nil {
+		t.Fatalf("FailedStep = %v, %v; want a scheduled retry", first.GetDecision(), err)
+	}
+
+	_, err = ts.client.Recover(ctx, failedStep("limit-2", 1, 1, backoffPolicy(10_000, 2)))
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Recover over the bound: %v, want ResourceExhausted", err)
+	}
+	for _, e := range []error{err, fmt.Errorf("agent: %w", err)} {
+		if got, ok := retryd.IsLimitReached(e); !ok || got != "pending_retries_per_tenant" {
+			t.Errorf("IsLimitReached(%v) = %q, %v; want pending_retries_per_tenant, true", e, got, ok)
+		}
+		if got, ok := retryd.RetryDelay(e); !ok || got != time.Second {
+			t.Errorf("RetryDelay(%v) = %v, %v; want 1s, true", e, got, ok)
+		}
+		if got := retryd.ErrorReason(e); got != retryd.ReasonLimitReached {
+			t.Errorf("ErrorReason(%v) = %q, want %s", e, got, retryd.ReasonLimitReached)
+		}
+	}
+	if _, err := ts.client.GetChains(ctx, "limit-2"); status.Code(err) != codes.NotFound {
+		t.Errorf("GetChains of the refused session = %v, want NotFound (nothing recorded)", err)
+	}
+
+	// Other errors are not a full bound and carry no delay.
+	_, pending := ts.client.FailedStep(ctx, failedStep("limit-1", 2, 2, backoffPolicy(10_000, 2)))
+	if _, ok := retryd.IsRetryPending(pending); !ok {
+		t.Fatalf("a second report of limit-1 = %v, want RETRY_PENDING", pending)
+	}
+	for _, e := range []error{nil, errors.New("plain"), pending, status.Error(codes.ResourceExhausted, "message too large")} {
+		if got, ok := retryd.IsLimitReached(e); ok {
+			t.Errorf("IsLimitReached(%v) = %q, true; want false", e, got)
+		}
+		if got, ok := retryd.RetryDelay(e); ok {
+			t.Errorf("RetryDelay(%v) = %v, true; want false", e, got)
+		}
+	}
+
+	// Nothing was recorded, so the same report may be sent again: after
+	// the first retry ends, it is admitted (the counts follow the event
+	// log, so it may take a delay or two).
+	if _, err := ts.client.CancelRetry(ctx, first.GetDecision().GetSchedule().GetRetryId()); err != nil {
+		t.Fatalf("CancelRetry: %v", err)
+	}
+	for {
+		resp, err := ts.client.FailedStep(ctx, failedStep("limit-2", 1, 1, backoffPolicy(10_000, 2)))
+		if err == nil {
+			if resp.GetDecision().GetSchedule() == nil {
+				t.Errorf("FailedStep after the bound freed = %v, want a scheduled retry", resp.GetDecision())
+			}
+			break
+		}
+		delay, ok := retryd.RetryDelay(err)
+		if _, full := retryd.IsLimitReached(err); !full || !ok {
+			t.Fatalf("FailedStep after the first retry was cancelled: %v, want admitted or LIMIT_REACHED", err)
+		}
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			t.Fatalf("still refused when the test's context ended: %v", err)
+		}
+	}
+	if _, err := ts.client.CancelSession(ctx, "limit-2"); err != nil {
+		t.Errorf("CancelSession: %v", err)
 	}
 	retrydtest.Verify(t, ts.conn)
 }

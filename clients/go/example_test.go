@@ -12,6 +12,7 @@ import (
 
 	retryd "github.com/retryd/retryd/clients/go"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -245,4 +246,79 @@ func ExampleClient_WatchEvents() {
 	// Output:
 	// scheduled retry 1 after 50 ms
 	// started retry 1
+}
+
+// A shared retryd started with --auth-credentials serves only callers
+// with a tenant's token. Over TLS, send it with WithBearerToken (and the
+// TLS credentials in WithDialOptions); this example's server is on
+// loopback, where WithInsecureBearerToken may send it in the clear.
+// ProviderState then reads the fleet protection of a provider for the
+// token's tenant.
+func ExampleWithInsecureBearerToken() {
+	client, err := retryd.New(tenantAddr, retryd.WithInsecureBearerToken(exampleToken))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+
+	st, err := client.ProviderState(ctx, "deepseek")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("deepseek: protected %v, budget %v of %v, %v\n",
+		st.GetProtected(), st.GetBudgetTokens(), st.GetBudgetCapacity(), st.GetCircuit())
+
+	anonymous, err := retryd.New(tenantAddr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer anonymous.Close()
+	_, err = anonymous.ProviderState(ctx, "deepseek")
+	fmt.Println("without a token:", status.Code(err))
+	// Output:
+	// deepseek: protected true, budget 20 of 20, CIRCUIT_STATE_CLOSED
+	// without a token: Unauthenticated
+}
+
+// A shared retryd refuses work it cannot hold. This one lets a tenant hold
+// one pending retry, so a second session's failure is refused — with
+// nothing recorded, so the agent may report it again after the delay the
+// server names, or hand it to its next recovery policy.
+func ExampleIsLimitReached() {
+	client, err := retryd.New(tenantAddr, retryd.WithInsecureBearerToken(exampleToken))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	ctx := context.Background()
+	slow := exactPolicy()
+	slow.Backoff.InitialDelayMs = proto.Uint64(10_000)
+	report := func(sessionID string) (*retrydv1.FailedStepResponse, error) {
+		return client.FailedStep(ctx, &retrydv1.FailedStepRequest{
+			SessionId:    sessionID,
+			Turn:         1,
+			Step:         1,
+			Provider:     "anthropic",
+			PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: slow},
+			Failure:      &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429},
+		})
+	}
+
+	first, err := report(rand.Text()) // its retry is pending for 10 s
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = report(rand.Text())
+	if bound, full := retryd.IsLimitReached(err); full {
+		delay, _ := retryd.RetryDelay(err)
+		fmt.Printf("refused: %s is full; report again in %v or delegate\n", bound, delay)
+	}
+
+	// The first session's agent gives up: its place is free again.
+	if _, err := client.CancelRetry(ctx, first.GetDecision().GetSchedule().GetRetryId()); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// refused: pending_retries_per_tenant is full; report again in 1s or delegate
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/auth"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"google.golang.org/grpc"
@@ -31,52 +32,78 @@ import (
 // server with retrydtest.Start.
 var retrydAddr string
 
+// tenantAddr is the address of the second example server, the one of the
+// examples of a shared retryd: authentication on (exampleToken is a token
+// of its tenant "agents"), one pending retry per tenant
+// (--max-pending-retries-per-tenant 1), and fleet protection of the
+// provider "deepseek" (a budget of 20 retries).
+var tenantAddr string
+
+// exampleToken is the bearer token of the tenant "agents" of the server at
+// tenantAddr.
+const exampleToken = "9a8b7c6d5e4f30211203f4e5d6c7b8a99a8b7c6d5e4f30211203f4e5d6c7b8a9"
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) int {
-	srv, err := startExampleServer()
+	dir, err := os.MkdirTemp("", "retryd-examples-")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "starting the examples' retryd:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	retrydAddr = srv.addr
-	code := m.Run()
-	if err := srv.verify(); err != nil {
-		fmt.Fprintln(os.Stderr, "examples' retryd:", err)
-		code = 1
+	defer os.RemoveAll(dir)
+	bin, err := buildExampleBinary(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "building the examples' retryd:", err)
+		return 1
 	}
-	if err := srv.stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "examples' retryd:", err)
-		code = 1
+	creds, config := filepath.Join(dir, "credentials.yaml"), filepath.Join(dir, "config.yaml")
+	files := map[string]string{
+		creds:  fmt.Sprintf("tenants:\n  - id: agents\n    tokens:\n      - sha256: %q\n", auth.HashToken(exampleToken)),
+		config: "providers:\n  deepseek:\n    fleet: {capacity: 20}\n",
+	}
+	for path, body := range files {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	servers := []*exampleServer{
+		{addr: &retrydAddr},
+		{addr: &tenantAddr, token: exampleToken,
+			args: []string{"--auth-credentials", creds, "--max-pending-retries-per-tenant", "1", "--config", config}},
+	}
+	for i, srv := range servers {
+		if err := srv.start(bin); err != nil {
+			fmt.Fprintln(os.Stderr, "starting the examples' retryd:", err)
+			for _, started := range servers[:i] {
+				_ = started.stop()
+			}
+			return 1
+		}
+	}
+	code := m.Run()
+	for _, srv := range servers {
+		if err := srv.verify(); err != nil {
+			fmt.Fprintln(os.Stderr, "examples' retryd:", err)
+			code = 1
+		}
+		if err := srv.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "examples' retryd:", err)
+			code = 1
+		}
 	}
 	return code
 }
 
-// exampleServer is the retryd process the examples share.
-type exampleServer struct {
-	addr string
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-
-	mu   sync.Mutex
-	logs bytes.Buffer
-}
-
-// startExampleServer builds cmd/retryd (with -race when this test binary
-// has it, so the server's races fail the run too) and runs it on a free
-// loopback port, as retrydtest.Start does for tests.
-func startExampleServer() (*exampleServer, error) {
+// buildExampleBinary builds cmd/retryd into dir (with -race when this
+// test binary has it, so the server's races fail the run too).
+func buildExampleBinary(dir string) (string, error) {
 	root, err := retrydtest.RepoRoot()
 	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "retryd-examples-")
-	if err != nil {
-		return nil, err
+		return "", err
 	}
 	bin := filepath.Join(dir, "retryd")
 	args := []string{"build", "-o", bin}
@@ -86,21 +113,36 @@ func startExampleServer() (*exampleServer, error) {
 	build := exec.Command("go", append(args, "./cmd/retryd")...)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("go build ./cmd/retryd: %v\n%s", err, out)
+		return "", fmt.Errorf("go build ./cmd/retryd: %v\n%s", err, out)
 	}
+	return bin, nil
+}
 
-	s := &exampleServer{dir: dir, done: make(chan struct{})}
-	s.cmd = exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--log-format", "json")
+// exampleServer is a retryd process the examples share.
+type exampleServer struct {
+	addr  *string  // set to the address it serves on
+	args  []string // after serve --listen 127.0.0.1:0 --log-format json
+	token string   // the bearer token verify reads the event log with
+	cmd   *exec.Cmd
+	done  chan struct{}
+	err   error
+
+	mu   sync.Mutex
+	logs bytes.Buffer
+}
+
+// start runs bin on a free loopback port, as retrydtest.Start does for
+// tests, and sets *s.addr once it serves.
+func (s *exampleServer) start(bin string) error {
+	s.done = make(chan struct{})
+	s.cmd = exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json"}, s.args...)...)
 	s.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
 	stderr, err := s.cmd.StderrPipe()
 	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+		return err
 	}
 	if err := s.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
+		return err
 	}
 	addr := make(chan string, 1)
 	go func() {
@@ -129,14 +171,13 @@ func startExampleServer() (*exampleServer, error) {
 		close(s.done)
 	}()
 	select {
-	case s.addr = <-addr:
-		return s, nil
+	case *s.addr = <-addr:
+		return nil
 	case <-s.done:
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("retryd exited before serving: %v\n%s", s.err, s.logText())
+		return fmt.Errorf("retryd exited before serving: %v\n%s", s.err, s.logText())
 	case <-time.After(30 * time.Second):
 		_ = s.stop()
-		return nil, fmt.Errorf("retryd did not serve within 30s\n%s", s.logText())
+		return fmt.Errorf("retryd did not serve within 30s\n%s", s.logText())
 	}
 }
 
@@ -161,7 +202,11 @@ func (s *exampleServer) logText() string {
 
 // verify runs the invariant checker over the server's whole event log.
 func (s *exampleServer) verify() error {
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if s.token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(s.token)))
+	}
+	conn, err := grpc.NewClient(*s.addr, opts...)
 	if err != nil {
 		return err
 	}
@@ -179,10 +224,9 @@ func (s *exampleServer) verify() error {
 	return errors.Join(errs...)
 }
 
-// stop stops the server (SIGTERM, SIGKILL after 15s), removes its binary
-// and reports a data race the server logged.
+// stop stops the server (SIGTERM, SIGKILL after 15s) and reports a data
+// race the server logged.
 func (s *exampleServer) stop() error {
-	defer os.RemoveAll(s.dir)
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:

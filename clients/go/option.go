@@ -30,6 +30,8 @@ type options struct {
 	reattachInitial time.Duration
 	reattachMax     time.Duration
 	cancelTimeout   time.Duration
+	// token is the bearer token sent with every call; nil: none.
+	token *bearerToken
 }
 
 func newOptions(opts []Option) options {
@@ -83,4 +85,39 @@ func WithCancelTimeout(d time.Duration) Option {
 			o.cancelTimeout = d
 		}
 	})
+}
+
+// WithBearerToken sends token with every call as the gRPC metadata
+// "authorization: Bearer <token>", which a retryd started with
+// --auth-credentials maps to the caller's tenant. The token is sent only
+// over a connection with transport security (grpc's
+// RequireTransportSecurity): give New TLS credentials, e.g.
+//
+//	retryd.New("retryd.agents.svc:7700",
+//		retryd.WithBearerToken(token),
+//		retryd.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(cfg))))
+//
+// With New's default plaintext transport New fails ("the credentials
+// require transport level security"); on a plaintext connection passed to
+// NewFromConn every call fails with codes.Unauthenticated, before anything
+// is sent. Use WithInsecureBearerToken where plaintext is safe.
+//
+// A token is one line of visible ASCII (what `retryd hash-token` hashes):
+// an empty token, or one with a space, a control character (such as the
+// trailing newline of a file read as is) or a non-ASCII byte, makes New
+// fail, and every call of a NewFromConn client. A later WithBearerToken or
+// WithInsecureBearerToken replaces the token. Do not combine it with
+// per-RPC credentials of your own that send "authorization" too: retryd
+// refuses a call that carries two.
+func WithBearerToken(token string) Option {
+	return optionFunc(func(o *options) { o.token = &bearerToken{token: token} })
+}
+
+// WithInsecureBearerToken is WithBearerToken without the need for
+// transport security: the token is sent over plaintext connections too,
+// where anyone on the path can read it. Use it only where the connection
+// does not leave a trusted host or network: a retryd on loopback, a
+// sidecar or service mesh that encrypts the hop (mTLS), or tests.
+func WithInsecureBearerToken(token string) Option {
+	return optionFunc(func(o *options) { o.token = &bearerToken{token: token, insecure: true} })
 }

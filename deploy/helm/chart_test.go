@@ -25,15 +25,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/auth"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/store/redis/redistest"
 	yamlv3 "go.yaml.in/yaml/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -421,6 +425,12 @@ type expectation struct {
 	// redisURL is the Secret key store.kind redis takes the Redis URL
 	// from (env RETRYD_STORE); nil for the other stores.
 	redisURL *corev1.SecretKeySelector
+	// credentials is the Secret key of the credentials file with
+	// auth.enabled (--auth-credentials); nil without authentication.
+	credentials *corev1.SecretKeySelector
+	// served checks the running binary, started with the rendered args,
+	// over conn (which sends the test's token when auth is on).
+	served func(ctx context.Context, t *testing.T, conn *grpc.ClientConn)
 }
 
 func defaultFlags(overrides map[string]string) map[string]string {
@@ -432,6 +442,10 @@ func defaultFlags(overrides map[string]string) map[string]string {
 		"max-recv-msg-bytes": "1048576", "max-concurrent-streams": "1000", "keepalive-min-time": "10s",
 		"max-connection-idle": "5m", "max-connection-age": "30m", "max-connection-age-grace": "30s",
 		"unary-timeout": "10s",
+		// server.limits, admission: the server's defaults.
+		"max-pending-retries-per-tenant": "20000", "max-pending-retries": "50000",
+		"max-open-chains-per-tenant": "40000", "max-open-chains": "100000",
+		"max-active-sessions-per-tenant": "20000", "max-awaiters-per-retry": "8", "max-awaiters": "20000",
 	}
 	maps.Copy(f, overrides)
 	return f
@@ -476,6 +490,7 @@ var expectations = map[string]expectation{
 				Policies      map[string]map[string]any `json:"policies"`
 				Providers     map[string]map[string]any `json:"providers"`
 				DefaultPolicy map[string]any            `json:"defaultPolicy"`
+				Fleet         map[string]any            `json:"fleet"`
 			}
 			if err := decodeStrict([]byte(r.policyFile(t)), &file); err != nil {
 				t.Fatalf("policy file: %v", err)
@@ -492,7 +507,22 @@ var expectations = map[string]expectation{
 			if file.DefaultPolicy["maxRetries"] != float64(3) {
 				t.Errorf("defaultPolicy = %v", file.DefaultPolicy)
 			}
+			// The fleet blocks are written as given: every key of the
+			// top-level one, and the providers' own beside (or without)
+			// their retryPolicy.
+			if len(file.Fleet) != 14 || file.Fleet["capacity"] != float64(50) || file.Fleet["refillPerSecond"] != 0.5 ||
+				file.Fleet["disableBudget"] != false || file.Fleet["probeTimeoutMs"] != float64(60000) {
+				t.Errorf("fleet = %v, want the 14 keys of policies.yaml", file.Fleet)
+			}
+			if got := file.Providers["openai"]["fleet"]; !sameMap(got, map[string]any{"capacity": 20.0, "openForMs": 2000.0}) ||
+				file.Providers["openai"]["retryPolicy"] == nil {
+				t.Errorf("providers.openai = %v, want its retryPolicy and fleet {capacity: 20, openForMs: 2000}", file.Providers["openai"])
+			}
+			if got := file.Providers["mistral"]; len(got) != 1 || !sameMap(got["fleet"], map[string]any{"capacity": 5.0, "disableCircuit": true}) {
+				t.Errorf("providers.mistral = %v, want only fleet {capacity: 5, disableCircuit: true}", got)
+			}
 		},
+		served: checkFleetServed,
 	},
 	"rolling-port.yaml": {
 		flags: defaultFlags(map[string]string{"listen": "0.0.0.0:9443", "shutdown-timeout": "2500ms"}),
@@ -564,6 +594,21 @@ var expectations = map[string]expectation{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "retryd-redis"}, Key: "redis-url",
 		},
 		extra: checkRedisReplicas,
+	},
+	"auth.yaml": {
+		flags: defaultFlags(map[string]string{
+			"max-pending-retries-per-tenant": "1", "max-pending-retries": "40000",
+			"max-open-chains-per-tenant": "30000", "max-open-chains": "0",
+			"max-active-sessions-per-tenant": "15000", "max-awaiters-per-retry": "4", "max-awaiters": "10000",
+			"auth-credentials": authDir + "/credentials.yaml", "auth-reload-interval": "2s",
+		}),
+		port: 7700, metricsPort: 9464, servicePort: 7700, grace: 15,
+		image: "ghcr.io/retryd/retryd:0.1.0", replicas: ptr[int32](1), resources: true, probes: true,
+		testPodImage: "ghcr.io/retryd/retryd:0.1.0",
+		credentials: &corev1.SecretKeySelector{
+			LocalObjectReference: corev1.LocalObjectReference{Name: "retryd-credentials"}, Key: "tenants.yaml",
+		},
+		served: checkAuthServed,
 	},
 	"all-options.yaml": {
 		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
@@ -663,6 +708,39 @@ func checkTLSVolume(t *testing.T, r *rendered, existingSecret, clientCaSecret st
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("TLS volume files = %+v, want %+v", got, want)
+	}
+}
+
+// authDir is where the chart mounts the credentials file.
+const authDir = "/etc/retryd-auth"
+
+// checkAuthVolume asserts the credentials file of auth.enabled: a volume of
+// the one key of the Secret, as credentials.yaml, mounted read-only as a
+// directory at authDir — never with subPath, which would pin the file the
+// pod started with and hide the kubelet's updates from retryd's reload
+// (checkCommon checks that --auth-credentials points there).
+func checkAuthVolume(t *testing.T, r *rendered, want *corev1.SecretKeySelector) {
+	t.Helper()
+	c := r.container(t)
+	var mounts []corev1.VolumeMount
+	for _, m := range c.VolumeMounts {
+		if m.Name == "auth" || strings.HasPrefix(m.MountPath, authDir) {
+			mounts = append(mounts, m)
+		}
+	}
+	if len(mounts) != 1 || mounts[0].Name != "auth" || mounts[0].MountPath != authDir || !mounts[0].ReadOnly || mounts[0].SubPath != "" || mounts[0].SubPathExpr != "" {
+		t.Errorf("auth mounts = %+v, want the volume auth mounted read-only at %s without subPath (Secret updates must reach the pod)", mounts, authDir)
+	}
+	vols := r.workload().pod.Spec.Volumes
+	i := slices.IndexFunc(vols, func(v corev1.Volume) bool { return v.Name == "auth" })
+	if i < 0 || vols[i].Secret == nil {
+		t.Fatalf("no Secret volume auth: %+v", vols)
+	}
+	sec := vols[i].Secret
+	wantItems := []corev1.KeyToPath{{Key: want.Key, Path: "credentials.yaml"}}
+	if sec.SecretName != want.Name || !slices.Equal(sec.Items, wantItems) || deref(sec.Optional) || deref(sec.DefaultMode) != 0o444 {
+		t.Errorf("auth volume = %+v (mode %o), want the required Secret %s, only its key %s as credentials.yaml, mode 0444",
+			sec, deref(sec.DefaultMode), want.Name, want.Key)
 	}
 }
 
@@ -977,6 +1055,12 @@ func TestNotes(t *testing.T) {
 			if ref := expectations[filepath.Base(f)].redisURL; ref != nil {
 				wants = append(wants, "Store: redis.", "of the Secret "+ref.Name)
 			}
+			if ref := expectations[filepath.Base(f)].credentials; ref != nil {
+				wants = append(wants, `grpcurl -plaintext -H "authorization: Bearer $TOKEN" -d '{"sessionId": "s1"}' localhost:7700 retryd.v1.RetryService/GetChains`, ref.Key+" of the Secret "+ref.Name,
+					"tokens cross the network in the clear")
+			} else if strings.Contains(out.Notes, "Authentication is on") {
+				t.Errorf("NOTES speak of authentication though it is off:\n%s", out.Notes)
+			}
 			if port := expectations[filepath.Base(f)].metricsPort; port != 0 {
 				wants = append(wants, fmt.Sprintf(` 9464:%d`, port), "curl -s localhost:9464/metrics")
 			} else {
@@ -1235,6 +1319,17 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		t.Errorf("a tls volume is rendered though TLS is off")
 	}
 
+	if _, authOn := flags["auth-credentials"]; authOn != (want.credentials != nil) {
+		t.Errorf("--auth-credentials given: %v, want authentication: %v", authOn, want.credentials != nil)
+	} else if authOn {
+		if got := flags["auth-credentials"]; got != authDir+"/credentials.yaml" {
+			t.Errorf("--auth-credentials=%s, want the file of the auth volume %s/credentials.yaml", got, authDir)
+		}
+		checkAuthVolume(t, r, want.credentials)
+	} else if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "auth" }) {
+		t.Errorf("an auth volume is rendered though authentication is off")
+	}
+
 	if wantKind == "Deployment" && slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "data" }) {
 		t.Errorf("the in-memory store's pod mounts a data volume: %+v", c.VolumeMounts)
 	}
@@ -1445,6 +1540,26 @@ func TestCheckConfig(t *testing.T) {
 			t.Errorf("check-config = %v, want a non-zero exit naming policies.odd:\n%s", err, out)
 		}
 	})
+
+	// The same for fleet blocks: each value is within the schema's range,
+	// but a budget that never refills is refused, at the top level and in
+	// a provider's block, by name. (policies.yaml, above, is a fleet block
+	// check-config accepts.)
+	t.Run("fleet rules beyond the schema", func(t *testing.T) {
+		t.Parallel()
+		values := filepath.Join(t.TempDir(), "values.yaml")
+		body := "fleet:\n  refillPerSecond: 0\n  successCredit: 0\nproviders:\n  openai:\n    fleet:\n      capacity: 10\n      refillPerSecond: 0\n      successCredit: 0\n"
+		if err := os.WriteFile(values, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		path := writePolicyFile(t, render(t, values))
+		out, err := exec.Command(bins["retryd"], "check-config", "--config", path).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || !strings.Contains(string(out), "fleet.refillPerSecond") ||
+			!strings.Contains(string(out), "providers.openai.fleet.refillPerSecond") {
+			t.Errorf("check-config = %v, want a non-zero exit naming fleet.refillPerSecond and providers.openai.fleet.refillPerSecond:\n%s", err, out)
+		}
+	})
 }
 
 // TestServeRenderedArgs starts the real retryd with the rendered container's
@@ -1484,6 +1599,12 @@ func TestServeRenderedArgs(t *testing.T) {
 			if _, ok := flags["tls-cert"]; ok {
 				pki = newTestPKI(t, flags)
 			}
+			files := filesOf(pki) // flag → the local file in place of a Secret's
+			var withToken []grpc.DialOption
+			if _, ok := flags["auth-credentials"]; ok {
+				files["auth-credentials"] = writeCredentials(t)
+				withToken = append(withToken, grpc.WithPerRPCCredentials(bearer(testToken)))
+			}
 			shutdown, err := time.ParseDuration(flags["shutdown-timeout"])
 			if err != nil {
 				t.Fatal(err)
@@ -1502,7 +1623,7 @@ func TestServeRenderedArgs(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 			defer cancel()
-			run := localArgs(t, c.Args, config, storeDir, filesOf(pki))
+			run := localArgs(t, c.Args, config, storeDir, files)
 			if (want.metricsPort != 0) != (run.metricsAddr != "") {
 				t.Fatalf("args %q: --metrics-listen given %v, want %v (server.metricsPort %d)",
 					c.Args, run.metricsAddr != "", want.metricsPort != 0, want.metricsPort)
@@ -1528,7 +1649,7 @@ func TestServeRenderedArgs(t *testing.T) {
 				t.Errorf("health of %s on %s = %v, %v; want SERVING", retryService, probeAddr, resp.GetStatus(), err)
 			}
 
-			conn := dial(t, run.addr, pki)
+			conn := dial(t, run.addr, pki, withToken...)
 			health := healthpb.NewHealthClient(conn)
 			resp, err = health.Check(ctx, &healthpb.HealthCheckRequest{Service: retryService})
 			if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
@@ -1537,6 +1658,9 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 			if services, err := listServices(ctx, conn); err != nil || !slices.Contains(services, retryService) {
 				t.Errorf("reflection lists %v (%v), want %s among them", services, err, retryService)
+			}
+			if want.served != nil {
+				want.served(ctx, t, conn)
 			}
 			if pki != nil {
 				refused := map[string]*testPKI{"plaintext": nil}
@@ -1587,9 +1711,9 @@ func TestServeRenderedArgs(t *testing.T) {
 			if redisURL != "" {
 				// A second replica on the same Redis: what one decides, the
 				// other serves.
-				run2 := localArgs(t, c.Args, config, "", filesOf(pki))
+				run2 := localArgs(t, c.Args, config, "", files)
 				p2 := startRetryd(ctx, t, bins["retryd"], run2.args, env)
-				conn2 := dial(t, run2.addr, pki)
+				conn2 := dial(t, run2.addr, pki, withToken...)
 				if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p2.exited); err != nil {
 					t.Fatalf("second replica: %v\nretryd output:\n%s", err, p2.logs.String())
 				}
@@ -1617,9 +1741,9 @@ func TestServeRenderedArgs(t *testing.T) {
 			if fi, err := os.Stat(filepath.Join(storeDir, "retryd.db")); err != nil || fi.Size() == 0 {
 				t.Fatalf("the file store left no database in %s: %v", storeDir, err)
 			}
-			run = localArgs(t, c.Args, config, storeDir, filesOf(pki))
+			run = localArgs(t, c.Args, config, storeDir, files)
 			p = startRetryd(ctx, t, bins["retryd"], run.args, env)
-			conn2 := dial(t, run.addr, pki)
+			conn2 := dial(t, run.addr, pki, withToken...)
 			if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p.exited); err != nil {
 				t.Fatalf("restart on %s: %v\nretryd output:\n%s", storeDir, err, p.logs.String())
 			}
@@ -1634,12 +1758,13 @@ func TestServeRenderedArgs(t *testing.T) {
 	}
 }
 
-// filesOf is the TLS files of pki for localArgs; none without TLS.
+// filesOf is a fresh map of the TLS files of pki for localArgs; empty
+// without TLS.
 func filesOf(pki *testPKI) map[string]string {
 	if pki == nil {
-		return nil
+		return map[string]string{}
 	}
-	return pki.files
+	return maps.Clone(pki.files)
 }
 
 // durabilitySession is the session whose retry must survive a restart of a
@@ -1668,6 +1793,94 @@ func scheduleRetry(ctx context.Context, t *testing.T, conn *grpc.ClientConn) str
 	return id
 }
 
+// sameMap reports whether got is a JSON object equal to want.
+func sameMap(got any, want map[string]any) bool {
+	m, ok := got.(map[string]any)
+	return ok && maps.Equal(m, want)
+}
+
+// testToken is the bearer token of the tenant chart-test in the credentials
+// file the test writes in place of auth.existingSecret.
+const testToken = "3f1d2c4b5a69788796a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3"
+
+// writeCredentials writes a credentials file with one tenant, chart-test,
+// whose token is testToken.
+func writeCredentials(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "credentials.yaml")
+	body := fmt.Sprintf("tenants:\n  - id: chart-test\n    tokens:\n      - sha256: %q\n", auth.HashToken(testToken))
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// bearer sends a token with every call, over the tests' plaintext loopback
+// connections too.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// checkAuthServed checks auth.yaml's server: the RetryService refuses a
+// call without the token, serves one with it, and the rendered
+// --max-pending-retries-per-tenant=1 refuses the tenant's second pending
+// retry with LIMIT_REACHED, recording nothing.
+func checkAuthServed(ctx context.Context, t *testing.T, conn *grpc.ClientConn) {
+	t.Helper()
+	req := func(session string) *retrydv1.FailedStepRequest {
+		return &retrydv1.FailedStepRequest{
+			SessionId: session, Turn: 1, Step: 1, Provider: "p",
+			Failure: &retrydv1.Failure{Code: "RATE_LIMIT"},
+			PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{
+				MaxRetries: proto.Uint32(3),
+				Backoff:    &retrydv1.Backoff{InitialDelayMs: proto.Uint64(600_000), MaxDelayMs: proto.Uint64(600_000)},
+			}},
+		}
+	}
+	anonymous := retrydv1.NewRetryServiceClient(dial(t, conn.Target(), nil))
+	if _, err := anonymous.FailedStep(ctx, req("anonymous")); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("FailedStep without a token = %v, want UNAUTHENTICATED", err)
+	}
+	rpc := retrydv1.NewRetryServiceClient(conn)
+	first, err := rpc.FailedStep(ctx, req("limit-1"))
+	if err != nil || first.GetDecision().GetSchedule() == nil {
+		t.Fatalf("FailedStep with the token = %v, %v; want a scheduled retry", first.GetDecision(), err)
+	}
+	_, err = rpc.FailedStep(ctx, req("limit-2"))
+	var info *errdetails.ErrorInfo
+	for _, d := range status.Convert(err).Details() {
+		if i, ok := d.(*errdetails.ErrorInfo); ok {
+			info = i
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted || info.GetReason() != "LIMIT_REACHED" ||
+		info.GetMetadata()["bound"] != "pending_retries_per_tenant" || info.GetMetadata()["limit"] != "1" {
+		t.Errorf("a second pending retry = %v (%v), want RESOURCE_EXHAUSTED LIMIT_REACHED of pending_retries_per_tenant, limit 1", err, info)
+	}
+	if _, err := rpc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: "limit-2"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetChains of the refused session = %v, want NOT_FOUND (nothing recorded)", err)
+	}
+}
+
+// checkFleetServed checks policies.yaml's server: the fleet blocks of the
+// rendered policy file are in force — a provider's own block over the
+// top-level one, and the top-level one for any other provider.
+func checkFleetServed(ctx context.Context, t *testing.T, conn *grpc.ClientConn) {
+	t.Helper()
+	rpc := retrydv1.NewRetryServiceClient(conn)
+	for provider, capacity := range map[string]float64{"openai": 20, "mistral": 5, "deepseek": 50, "anyone-else": 50} {
+		st, err := rpc.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: provider})
+		if err != nil || !st.GetProtected() || st.GetBudgetCapacity() != capacity ||
+			st.GetCircuit() != retrydv1.CircuitState_CIRCUIT_STATE_CLOSED {
+			t.Errorf("GetProviderState(%s) = %v, %v; want protected, capacity %v, circuit closed", provider, st, err, capacity)
+		}
+	}
+}
+
 // localRun is a rendered command line rewritten for this machine.
 type localRun struct {
 	args        []string
@@ -1679,10 +1892,10 @@ type localRun struct {
 // localArgs rewrites the rendered serve args for a run on this machine:
 // --listen, --metrics-listen and --health-listen (if given) to free loopback
 // ports, --config to the rendered policy file, --store=file: to storeDir,
-// and each TLS file flag (--tls-cert, --tls-key, --tls-client-ca) to its
-// file in tlsFiles, keyed by flag name; a TLS flag without a file there
-// fails the test.
-func localArgs(t *testing.T, rendered []string, config, storeDir string, tlsFiles map[string]string) localRun {
+// and each flag naming a file of a Secret's volume (--tls-cert, --tls-key,
+// --tls-client-ca, --auth-credentials) to its file in files, keyed by flag
+// name; such a flag without a file there fails the test.
+func localArgs(t *testing.T, rendered []string, config, storeDir string, files map[string]string) localRun {
 	t.Helper()
 	run := localRun{args: slices.Clone(rendered), addr: freeLoopbackAddr(t)}
 	rewritten, stores := 0, 0
@@ -1704,8 +1917,8 @@ func localArgs(t *testing.T, rendered []string, config, storeDir string, tlsFile
 		case strings.HasPrefix(a, "--store=file:"):
 			run.args[i] = "--store=file:" + storeDir
 			stores++
-		case name == "tls-cert" || name == "tls-key" || name == "tls-client-ca":
-			path, ok := tlsFiles[name]
+		case name == "tls-cert" || name == "tls-key" || name == "tls-client-ca" || name == "auth-credentials":
+			path, ok := files[name]
 			if !ok {
 				t.Fatalf("args %q: no local file for --%s", rendered, name)
 			}
@@ -1754,14 +1967,15 @@ func newTestPKI(t *testing.T, flags map[string]string) *testPKI {
 	return pki
 }
 
-// dial connects to addr, over TLS trusting the test CA when pki is set.
-func dial(t *testing.T, addr string, pki *testPKI) *grpc.ClientConn {
+// dial connects to addr, over TLS trusting the test CA when pki is set,
+// with opts after the transport credentials.
+func dial(t *testing.T, addr string, pki *testPKI, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	creds := insecure.NewCredentials()
 	if pki != nil {
 		creds = credentials.NewTLS(pki.client)
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

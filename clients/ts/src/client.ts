@@ -4,10 +4,11 @@
 
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
-import type { CallOptions, Client, Transport } from "@connectrpc/connect";
+import type { CallOptions, Client, Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import type { Event, RetryCancelled, RetryStarted } from "./gen/retryd/v1/events_pb.js";
 import { RetryService } from "./gen/retryd/v1/retry_service_pb.js";
+import { bearerTokenInterceptor, isTLS } from "./token.js";
 import type {
   AwaitRetryResponse,
   CancelRetriesResponse,
@@ -15,6 +16,7 @@ import type {
   FailedStepRequestSchema,
   FailedStepResponse,
   GetChainsResponse,
+  GetProviderStateResponse,
   Schedule,
   StepSucceededRequestSchema,
   StepSucceededResponse,
@@ -44,6 +46,21 @@ export interface ClientOptions {
    * the caller's signal aborts while it waits for a retry to start.
    */
   cancelTimeoutMs?: number;
+  /**
+   * A tenant's bearer token, sent with every call as
+   * `authorization: Bearer <token>` to a retryd started with
+   * --auth-credentials; only over TLS, so the target must be an
+   * `https://` URL (the constructor throws otherwise). See
+   * {@link bearerTokenInterceptor} for the token's form.
+   */
+  bearerToken?: string;
+  /**
+   * bearerToken without the need for TLS: also sent over a plaintext
+   * target, where anyone on the path can read it. Only for a retryd on
+   * loopback, behind a sidecar or service mesh that encrypts the hop, or
+   * in tests. At most one of bearerToken and insecureBearerToken.
+   */
+  insecureBearerToken?: string;
 }
 
 /** Call options of the wrappers: an AbortSignal ends the call. */
@@ -146,17 +163,39 @@ export class RetrydClient {
   /**
    * Creates a client for the retryd server at target: "host:port" or a
    * base URL ("http://127.0.0.1:7700"), reached with gRPC over plaintext
-   * HTTP/2 (a loopback or sidecar server), on one HTTP/2 connection that
-   * close() closes. Pass a Transport instead to choose TLS, interceptors
-   * or another transport; the caller owns that one and close() leaves it.
+   * HTTP/2 (a loopback or sidecar server), or "https://host:port" for TLS
+   * (trusting Node's CAs), on one HTTP/2 connection that close() closes.
+   * Pass a Transport instead to choose TLS settings, interceptors or
+   * another transport; the caller owns that one and close() leaves it, and
+   * a bearer token goes into its interceptors ({@link bearerTokenInterceptor})
+   * rather than the options. The constructor throws a TypeError for a
+   * malformed token, bearerToken with a plaintext target, both token
+   * options, or a token option with a Transport.
    */
   constructor(target: string | Transport, options: ClientOptions = {}) {
+    const token = tokenOption(options);
     let transport: Transport;
     if (typeof target === "string") {
       const baseUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(target) ? target : `http://${target}`;
+      const interceptors: Interceptor[] = [];
+      if (token !== undefined) {
+        if (!token.insecure && !isTLS(baseUrl)) {
+          throw new TypeError(
+            "retryd: bearerToken is sent only over TLS: use an https:// target, or insecureBearerToken " +
+              "where plaintext is safe (loopback, a sidecar that encrypts the hop, tests)",
+          );
+        }
+        interceptors.push(bearerTokenInterceptor(token.token, { insecure: token.insecure }));
+      }
       this.#sessions = new Http2SessionManager(baseUrl);
-      transport = createGrpcTransport({ baseUrl, sessionManager: this.#sessions });
+      transport = createGrpcTransport({ baseUrl, sessionManager: this.#sessions, interceptors });
     } else {
+      if (token !== undefined) {
+        throw new TypeError(
+          "retryd: bearerToken and insecureBearerToken apply to a target address; " +
+            "add bearerTokenInterceptor(token) to the interceptors of your own Transport",
+        );
+      }
       transport = target;
     }
     this.service = createClient(RetryService, transport);
@@ -262,6 +301,18 @@ export class RetrydClient {
   }
 
   /**
+   * Reads the fleet protection of one provider for the caller's tenant
+   * (GetProviderState): its retry budget, failure rate, circuit and
+   * pacing. `protected` is false, and every other field zero, when the
+   * server's policy file gives the provider no fleet protection. An empty
+   * provider is INVALID_ARGUMENT; with authentication, a provider the
+   * tenant may not use is PERMISSION_DENIED (reason PROVIDER_NOT_ALLOWED).
+   */
+  getProviderState(provider: string, options?: RetrydCallOptions): Promise<GetProviderStateResponse> {
+    return this.service.getProviderState({ provider }, options);
+  }
+
+  /**
    * Streams the event log. With req.stopAtEnd the iteration ends once every
    * event recorded so far was yielded; otherwise it follows new events until
    * the signal aborts (it then rejects with the signal's reason) or the
@@ -343,6 +394,20 @@ export class RetrydClient {
     const state = resp.retries.find((r) => r.retryId === schedule.retryId);
     throw new RecoverAbortedError(cause, { schedule, event, cancelled: state?.cancelled, started: state?.started });
   }
+}
+
+// tokenOption is the one bearer token option given, if any.
+function tokenOption(options: ClientOptions): { token: string; insecure: boolean } | undefined {
+  if (options.bearerToken !== undefined && options.insecureBearerToken !== undefined) {
+    throw new TypeError("retryd: give bearerToken or insecureBearerToken, not both");
+  }
+  if (options.bearerToken !== undefined) {
+    return { token: options.bearerToken, insecure: false };
+  }
+  if (options.insecureBearerToken !== undefined) {
+    return { token: options.insecureBearerToken, insecure: true };
+  }
+  return undefined;
 }
 
 function positive(v: number | undefined, fallback: number): number {

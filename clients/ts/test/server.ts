@@ -47,6 +47,26 @@ function buildRetryd(): Promise<{ bin: string; dir: string }> {
   return built;
 }
 
+/**
+ * Runs `retryd verify --file -` over an event log given as proto-JSON
+ * lines (toJsonString of each Event), for a server `retryd verify
+ * --server` cannot read (one with authentication); throws on a violation.
+ */
+export async function verifyEventLines(lines: string[]): Promise<string> {
+  const { bin } = await buildRetryd();
+  const child = spawn(bin, ["verify", "--file", "-"], { stdio: ["pipe", "pipe", "pipe"] });
+  let out = "";
+  child.stdout.on("data", (b: Buffer) => (out += b.toString()));
+  child.stderr.on("data", (b: Buffer) => (out += b.toString()));
+  const exited = new Promise<number | null>((resolve) => child.once("close", (code) => resolve(code)));
+  child.stdin.end(lines.map((l) => l + "\n").join(""));
+  const code = await exited;
+  if (code !== 0 || !/ 0 violations$/m.test(out)) {
+    throw new Error(`retryd verify --file - (exit ${code}):\n${out}`);
+  }
+  return out.trim();
+}
+
 /** A running retryd process. */
 export interface RetrydServer {
   /** The gRPC address it serves on, host:port. */

@@ -200,6 +200,15 @@ the mount point of another volume.
 {{- end }}
 
 {{/*
+Directory of the credentials file (credentials.yaml) in the container: a
+volume of auth.existingSecret's one key auth.key. Not under /etc/retryd,
+for the reason retryd.tlsDir gives.
+*/}}
+{{- define "retryd.authDir" -}}
+/etc/retryd-auth
+{{- end }}
+
+{{/*
 Port the gRPC probes and the helm test pod ask grpc.health.v1 on: the
 plaintext tls.healthPort when the gRPC port speaks TLS (the kubelet's gRPC
 probes cannot), server.port otherwise.
@@ -223,7 +232,7 @@ them. Included by every workload template; renders nothing.
 {{- fail "autoscaling.enabled must be false with store.kind \"file\": one pod owns the store's volume, so there is nothing to scale; set the replica count with replicaCount (0 or 1)" }}
 {{- end }}
 {{- $path := clean .Values.store.file.path }}
-{{- range $reserved := list "/tmp" "/etc/retryd" (include "retryd.tlsDir" $) }}
+{{- range $reserved := list "/tmp" "/etc/retryd" (include "retryd.tlsDir" $) (include "retryd.authDir" $) }}
 {{- if or (eq $path $reserved) (hasPrefix (printf "%s/" $reserved) $path) }}
 {{- fail (printf "store.file.path %q must not be %s or inside it: the chart mounts a volume of its own there" $.Values.store.file.path $reserved) }}
 {{- end }}
@@ -297,12 +306,21 @@ them. Included by every workload template; renders nothing.
 {{- else if .Values.tls.clientCaSecret }}
 {{- fail "tls.clientCaSecret needs tls.enabled: client certificates are only asked for over TLS" }}
 {{- end }}
+{{- if .Values.auth.enabled }}
+{{- if not .Values.auth.existingSecret }}
+{{- fail "auth.enabled needs auth.existingSecret: the name of a Secret whose key auth.key (default credentials.yaml) holds the credentials file (tenants and token hashes; check it with retryd check-credentials)" }}
+{{- end }}
+{{- if lt (include "retryd.durationSecondsFloat" .Values.auth.reloadInterval | float64) 0.1 }}
+{{- fail (printf "auth.reloadInterval %q must be at least 100ms" .Values.auth.reloadInterval) }}
+{{- end }}
+{{- end }}
 {{- $_ := include "retryd.terminationGracePeriodSeconds" . }}
 {{- end }}
 
 {{/*
-The policy file passed with --config, built from the policies, providers
-and defaultPolicy values (defaultPolicy only when set).
+The policy file passed with --config, built from the policies, providers,
+defaultPolicy and fleet values (defaultPolicy only when set, fleet only when
+not null: an empty fleet block protects every provider with the defaults).
 */}}
 {{- define "retryd.policyFile" -}}
 policies:
@@ -318,6 +336,13 @@ providers:
 {{- with .Values.defaultPolicy }}
 defaultPolicy:
 {{ toYaml . | indent 2 }}
+{{- end }}
+{{- if kindIs "map" .Values.fleet }}
+fleet:
+{{- if .Values.fleet }}
+{{ toYaml .Values.fleet | indent 2 }}
+{{- else }} {}
+{{- end }}
 {{- end }}
 {{- end }}
 

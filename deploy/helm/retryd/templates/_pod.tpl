@@ -59,6 +59,13 @@ spec:
         - --max-connection-age={{ .maxConnectionAge }}
         - --max-connection-age-grace={{ .maxConnectionAgeGrace }}
         - --unary-timeout={{ .unaryTimeout }}
+        - --max-pending-retries-per-tenant={{ int64 .maxPendingRetriesPerTenant }}
+        - --max-pending-retries={{ int64 .maxPendingRetries }}
+        - --max-open-chains-per-tenant={{ int64 .maxOpenChainsPerTenant }}
+        - --max-open-chains={{ int64 .maxOpenChains }}
+        - --max-active-sessions-per-tenant={{ int64 .maxActiveSessionsPerTenant }}
+        - --max-awaiters-per-retry={{ int64 .maxAwaitersPerRetry }}
+        - --max-awaiters={{ int64 .maxAwaiters }}
         {{- end }}
         {{- if .Values.tls.enabled }}
         - --tls-cert={{ include "retryd.tlsDir" . }}/tls.crt
@@ -68,6 +75,10 @@ spec:
         {{- end }}
         - --tls-reload-interval={{ .Values.tls.reloadInterval }}
         - --health-listen=0.0.0.0:{{ .Values.tls.healthPort }}
+        {{- end }}
+        {{- if .Values.auth.enabled }}
+        - --auth-credentials={{ include "retryd.authDir" . }}/credentials.yaml
+        - --auth-reload-interval={{ .Values.auth.reloadInterval }}
         {{- end }}
       {{- if or .Values.otel.enabled .Values.extraEnv (eq .Values.store.kind "redis") }}
       env:
@@ -185,6 +196,18 @@ spec:
           mountPath: {{ include "retryd.tlsDir" . }}
           readOnly: true
         {{- end }}
+        {{- if .Values.auth.enabled }}
+        # The whole volume, never a subPath: a subPath mount is bound to
+        # the file the kubelet had projected when the container started,
+        # and the kubelet's later updates (it writes a new directory and
+        # swaps the ..data symlink) never reach it, so a token added to or
+        # removed from the Secret would not take effect until a restart.
+        # Mounted as a directory, the path follows the swap and retryd's
+        # reload (every auth.reloadInterval) sees the new content.
+        - name: auth
+          mountPath: {{ include "retryd.authDir" . }}
+          readOnly: true
+        {{- end }}
         {{- with .Values.extraVolumeMounts }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -219,6 +242,20 @@ spec:
                 - key: ca.crt
                   path: ca.crt
           {{- end }}
+    {{- end }}
+    {{- if .Values.auth.enabled }}
+    # The credentials file (tenants and token hashes): only the one key of
+    # the Secret, as credentials.yaml; a missing key keeps the pod from
+    # starting rather than starting it without authentication.
+    - name: auth
+      secret:
+        secretName: {{ .Values.auth.existingSecret }}
+        # Readable by the non-root user whatever podSecurityContext.fsGroup
+        # is; the container runs nothing but retryd.
+        defaultMode: 0444
+        items:
+          - key: {{ .Values.auth.key | quote }}
+            path: credentials.yaml
     {{- end }}
     {{- with .Values.extraVolumes }}
     {{- toYaml . | nindent 4 }}

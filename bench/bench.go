@@ -52,6 +52,9 @@ type Config struct {
 	// load and interleaved with the others: a before/after comparison in
 	// one run.
 	BaseRoot string
+	// RetrydEnv are extra KEY=VALUE environment variables of retryd (for
+	// example GOGC or GOMEMLIMIT, to see how much of its cost is the GC's).
+	RetrydEnv []string
 	// NoMetrics runs retryd without its metrics listener (so without
 	// otelgrpc, which it installs only when tracing or metrics are on);
 	// the default is the Helm chart's deployment, metrics on. Profiling
@@ -159,7 +162,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		mainArgs = append(slices.Clone(retrydArgs), "--pprof")
 		echoArgs = append(echoArgs, "--pprof", "127.0.0.1:0")
 	}
-	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, noTrace)
+	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, append(slices.Clone(noTrace), cfg.RetrydEnv...))
 	if err != nil {
 		return nil, err
 	}

@@ -18,8 +18,9 @@ import (
 // collects the server's CPU profile over it and a heap profile (after a
 // GC) at its end, through the server's net/http/pprof (retryd
 // --metrics-listen … --pprof, bench/echo --pprof). It writes
-// <dir>/<name>.<mode>.cpu.pprof, .heap.pprof and .top.txt (go tool pprof
-// -top, flat and cumulative) and returns their paths. A target without a
+// <dir>/<name>.<mode>.cpu.pprof, .heap.pprof and .top.txt (the share of
+// each category of work, see breakdown, then go tool pprof -top, flat and
+// cumulative) and returns their paths. A target without a
 // profile endpoint (gubernator, a retryd@base that predates --pprof) is
 // skipped.
 func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir string) ([]string, error) {
@@ -35,7 +36,7 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 	callers := make([]caller, cfg.Workers)
 	for i := range callers {
 		rng := rand.New(rand.NewPCG(uint64(cfg.Rounds+1), uint64(i)))
-		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, "prof-")
+		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, "prof-"+mode+"-")
 	}
 	if cfg.Warmup > 0 {
 		if _, err := drive(ctx, callers, cfg.Warmup, rate, 0); err != nil {
@@ -69,6 +70,11 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 	var top strings.Builder
 	fmt.Fprintf(&top, "%s: CPU profile of %d s of %s load (%d calls, %.0f rps); server CPU per call is in the results table\n\n",
 		t.name, secs, mode, st.calls, float64(st.calls)/st.elapsed.Seconds())
+	shares, total, err := breakdown(ctx, cpuFile)
+	if err != nil {
+		return nil, err
+	}
+	writeBreakdown(&top, shares, total)
 	for _, args := range [][]string{{"-top", "-nodecount=40"}, {"-top", "-cum", "-nodecount=60"}} {
 		out, err := exec.CommandContext(ctx, "go", append(append([]string{"tool", "pprof"}, args...), cpuFile)...).CombinedOutput()
 		if err != nil {

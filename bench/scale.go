@@ -28,7 +28,8 @@ import (
 // AwaitRetry streams with the lateness of their starts. Each part starts a
 // retryd (memory store) of its own, so it begins from an empty heap.
 type ScaleConfig struct {
-	// Root is the repository root.
+	// Root is the source tree retryd is built from: the repository root,
+	// or another tree (an older commit) to measure it the same way.
 	Root string
 	// Chains are the checkpoints (total open chains) at which the chains
 	// part reads retryd's RSS and heap; empty skips the part.
@@ -131,8 +132,11 @@ var admissionFlags = []string{
 // bounds lifted, up to 1 000 000 concurrent streams per connection.
 func startScaleRetryd(ctx context.Context, bin string, extra ...string) (*process, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json",
-		"--log-level", "info", "--metrics-listen", "127.0.0.1:0", "--pprof"}, extra...)
+		"--log-level", "info", "--metrics-listen", "127.0.0.1:0"}, extra...)
 	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
+	if strings.Contains(string(help), "-pprof\n") || strings.Contains(string(help), "-pprof ") {
+		args = append(args, "--pprof") // older builds have no profiles
+	}
 	for _, f := range admissionFlags {
 		if strings.Contains(string(help), "-"+f+" ") {
 			args = append(args, "--"+f, "0")
@@ -348,6 +352,10 @@ func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Write
 	if cfg.ProfileDir != "" {
 		// A CPU profile of the due window: where the starts' time goes.
 		go func() {
+			if !served(ctx, "http://"+p.metricsAddr+"/debug/pprof/") {
+				profiled <- nil // a build without --pprof
+				return
+			}
 			time.Sleep(time.Until(firstDue.Add(-500 * time.Millisecond)))
 			secs := int(cfg.AwaitSpread.Round(time.Second)/time.Second) + 1
 			profiled <- fetch(ctx, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.metricsAddr, secs),
@@ -407,7 +415,11 @@ func heapProfile(ctx context.Context, cfg ScaleConfig, p *process, name string) 
 	if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 		return err
 	}
-	return fetch(ctx, "http://"+p.metricsAddr+"/debug/pprof/heap?gc=1", filepath.Join(cfg.ProfileDir, name))
+	url := "http://" + p.metricsAddr + "/debug/pprof/"
+	if !served(ctx, url) {
+		return nil // a build without --pprof
+	}
+	return fetch(ctx, url+"heap?gc=1", filepath.Join(cfg.ProfileDir, name))
 }
 
 func dialN(addr string, n int) ([]*grpc.ClientConn, error) {

@@ -53,6 +53,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.KeySpace, "sessions", cfg.KeySpace, "session key space")
 	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "latency samples kept per phase")
 	fs.BoolVar(&cfg.Gubernator, "gubernator", false, "also run gubernator v2.13.0 (tools/gubernator) single-node on loopback")
+	fs.Func("retryd-env", "KEY=VALUE in retryd's environment (repeatable), e.g. GOGC=off", func(v string) error {
+		if !strings.Contains(v, "=") {
+			return fmt.Errorf("want KEY=VALUE, got %q", v)
+		}
+		cfg.RetrydEnv = append(cfg.RetrydEnv, v)
+		return nil
+	})
 	fs.BoolVar(&cfg.NoMetrics, "no-metrics", false, "run retryd without --metrics-listen (and so without otelgrpc); default: metrics on, as deployed")
 	fs.StringVar(&cfg.BaseRoot, "base-src", "", "another retryd source tree (e.g. git archive HEAD, unpacked) to run as target retryd@base")
 	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU and heap profiles of retryd and echo (one extra, unmeasured saturation phase each) to this directory")
@@ -64,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&sc.AwaitLead, "awaiters-lead", sc.AwaitLead, "time from the start of the awaiters part to the first due retry (the set-up must fit)")
 	fs.DurationVar(&sc.AwaitSpread, "awaiters-spread", sc.AwaitSpread, "window over which the awaited retries fall due")
 	fs.IntVar(&sc.AwaitLoad, "awaiters-load", 0, "workers running the FailedStep mix while the retries fall due; 0: no load")
+	scaleSrc := fs.String("scale-src", "", "build the scale parts' retryd from this source tree (e.g. an older commit, unpacked) instead of this one")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,6 +103,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			sc.Chains = append(sc.Chains, n)
 		}
 		sc.Root, sc.Log, sc.Workers, sc.ProfileDir = root, stderr, cfg.Workers, cfg.ProfileDir
+		if *scaleSrc != "" {
+			sc.Root = *scaleSrc
+		}
 		points, aw, err := bench.RunScale(ctx, sc)
 		if err != nil {
 			return err

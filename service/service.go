@@ -253,7 +253,7 @@ func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.Re
 	err = s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
 		return stream.Send(unscoped(scope, r))
 	})
-	return toStatus(notFound(err, "no retry "+req.GetRetryId()))
+	return toStatus(notFound(err, "no retry ", req.GetRetryId()))
 }
 
 // CancelRetries implements RetryService.CancelRetries.
@@ -268,12 +268,12 @@ func (s *Service) CancelRetries(ctx context.Context, req *retrydv1.CancelRetries
 	case *retrydv1.CancelRetriesRequest_RetryId:
 		if v.retryID("retry_id", t.RetryId); v.ok() {
 			resp, err = s.store.CancelRetry(ctx, scope, t.RetryId)
-			err = notFound(err, "no retry "+t.RetryId)
+			err = notFound(err, "no retry ", t.RetryId)
 		}
 	case *retrydv1.CancelRetriesRequest_SessionId:
 		if v.sessionID("session_id", t.SessionId); v.ok() {
 			resp, err = s.store.CancelSession(ctx, scope+t.SessionId)
-			err = notFound(err, "no session "+t.SessionId)
+			err = notFound(err, "no session ", t.SessionId)
 		}
 	default:
 		v.add("target", "set retry_id or session_id")
@@ -316,7 +316,7 @@ func (s *Service) GetChains(ctx context.Context, req *retrydv1.GetChainsRequest)
 	scope := scopeOf(ctx)
 	resp, err := s.store.GetChains(ctx, scope+req.GetSessionId())
 	if err != nil {
-		return nil, toStatus(notFound(err, "no session "+req.GetSessionId()))
+		return nil, toStatus(notFound(err, "no session ", req.GetSessionId()))
 	}
 	return unscoped(scope, resp), nil
 }
@@ -356,13 +356,14 @@ func (s *Service) fleetEvent(ev *retrydv1.Event) {
 	}
 }
 
-// notFound replaces the message of a store's not-found error with msg,
-// which names the id as the caller sent it: the store's names the stored,
-// tenant-qualified id.
-func notFound(err error, msg string) error {
+// notFound replaces the message of a store's not-found error with what +
+// id, the id as the caller sent it: the store's names the stored,
+// tenant-qualified id. Other errors, and nil, are returned as they are
+// (nothing is built on success).
+func notFound(err error, what, id string) error {
 	var ee *engine.Error
 	if errors.As(err, &ee) && ee.Kind == engine.KindNotFound {
-		return &engine.Error{Kind: engine.KindNotFound, Message: msg}
+		return &engine.Error{Kind: engine.KindNotFound, Message: what + id}
 	}
 	return err
 }

@@ -141,3 +141,70 @@ export function fieldViolations(err: unknown): Record<string, string> | undefine
   }
   return out;
 }
+
+/**
+ * The ErrorInfo reasons of retryd's refusals outside FAILED_PRECONDITION:
+ * PERMISSION_DENIED by a tenant's allow-lists, RESOURCE_EXHAUSTED by
+ * admission control.
+ */
+export const AccessReason = {
+  /** The tenant may not use the provider; metadata provider names it. */
+  ProviderNotAllowed: "PROVIDER_NOT_ALLOWED",
+  /** The tenant may not select the named policy; metadata policy_name names it. */
+  PolicyNotAllowed: "POLICY_NOT_ALLOWED",
+  /** An admission bound is full; metadata bound and limit name it. */
+  LimitReached: "LIMIT_REACHED",
+} as const;
+
+/**
+ * When err is retryd's admission refusal (RESOURCE_EXHAUSTED, reason
+ * LIMIT_REACHED), returns the bound that is full (for example
+ * "pending_retries_per_tenant"); otherwise undefined. Send the request again
+ * after {@link retryDelayMs}, or hand the failure to the next recovery
+ * policy.
+ */
+export function limitReached(err: unknown): string | undefined {
+  if (!(err instanceof ConnectError) || err.code !== Code.ResourceExhausted) {
+    return undefined;
+  }
+  const info = errorInfo(err);
+  if (info?.reason !== AccessReason.LimitReached) {
+    return undefined;
+  }
+  return info.metadata["bound"] ?? "";
+}
+
+/**
+ * Returns the google.rpc.RetryInfo delay of err in milliseconds — how long
+ * the server asks the caller to wait before sending the request again — or
+ * undefined when err carries none (or a negative one).
+ */
+export function retryDelayMs(err: unknown): number | undefined {
+  for (const bytes of incomingDetails(err, "google.rpc.RetryInfo")) {
+    const r = new BinaryReader(bytes);
+    while (r.pos < r.len) {
+      const [no, wt] = r.tag();
+      if (no !== 1 || wt !== WireType.LengthDelimited) {
+        r.skip(wt);
+        continue;
+      }
+      // google.protobuf.Duration: seconds = 1, nanos = 2.
+      let seconds = 0n;
+      let nanos = 0;
+      const d = new BinaryReader(r.bytes());
+      while (d.pos < d.len) {
+        const [dno, dwt] = d.tag();
+        if (dno === 1 && dwt === WireType.Varint) {
+          seconds = BigInt(d.int64());
+        } else if (dno === 2 && dwt === WireType.Varint) {
+          nanos = d.int32();
+        } else {
+          d.skip(dwt);
+        }
+      }
+      const ms = Number(seconds) * 1000 + Math.floor(nanos / 1e6);
+      return ms >= 0 ? ms : undefined;
+    }
+  }
+  return undefined;
+}

@@ -3,7 +3,9 @@
 // gubernator, starts each on loopback and drives it with a built-in Go
 // load generator, A/B/A/B interleaved, measuring requests per second,
 // p50/p99 latency and the server's own CPU time per request (utime+stime
-// from /proc/<pid>/stat). Run it with go run ./bench/cmd/retryd-bench;
+// from /proc/<pid>/stat). With Config.RedisPeer it also runs retryd on a
+// redis-server of its own and redis-benchmark's EVALSHA against the same
+// server (redispeer.go). Run it with go run ./bench/cmd/retryd-bench;
 // docs/benchmarks.md describes the load and the numbers.
 package bench
 
@@ -65,6 +67,13 @@ type Config struct {
 	// target and mode while collecting its CPU and heap profiles into this
 	// directory (see profileTarget).
 	ProfileDir string
+	// RedisPeer adds the Redis part (redispeer.go): a redis-server of the
+	// harness's own on loopback, retryd on --store redis://… against it
+	// ("retryd@redis", every mode) and redis-benchmark running EVALSHA of
+	// a token-bucket script against the same server ("redis EVALSHA",
+	// saturation only: redis-benchmark has no fixed rate), interleaved
+	// with the other targets. Needs redis-server and redis-benchmark.
+	RedisPeer bool
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -90,8 +99,12 @@ type Result struct {
 	FirstError string
 	Elapsed    time.Duration
 	P50, P99   time.Duration
-	// ServerCPU is the server process's CPU time during the phase.
+	// ServerCPU is the server process's CPU time during the phase (for
+	// the Redis peer: redis-server's).
 	ServerCPU float64
+	// Redis are the harness's redis-server's counters over the phase, for
+	// the targets of the Redis part (nil otherwise).
+	Redis *RedisStats
 }
 
 // RPS is calls per second.
@@ -111,6 +124,11 @@ type target struct {
 	proc  *process
 	conns []*grpc.ClientConn
 	new   newCaller
+	// redis is the redis-server the target uses (Redis part only).
+	redis *redisServer
+	// peer marks the redis-benchmark target; peerRate is its last rate.
+	peer     bool
+	peerRate float64
 }
 
 // Run builds and starts the servers, runs every phase and stops the
@@ -142,12 +160,18 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	// the caller's environment configures an exporter.
 	noTrace := []string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}
 	var targets []*target
+	var rs *redisServer
 	defer func() {
 		for _, t := range targets {
 			for _, c := range t.conns {
 				c.Close()
 			}
-			t.proc.stop()
+			if !t.peer {
+				t.proc.stop()
+			}
+		}
+		if rs != nil {
+			rs.stop()
 		}
 	}()
 	// The metrics listener is on, as the Helm chart deploys retryd; nothing
@@ -184,6 +208,20 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		return nil, err
 	}
 	targets = append(targets, &target{name: "grpc echo", proc: p, new: newEchoCaller})
+	if cfg.RedisPeer {
+		if rs, err = startRedis(ctx); err != nil {
+			return nil, err
+		}
+		fmt.Fprintln(logw, "redis-server on", rs.addr, "pid", rs.proc.cmd.Process.Pid)
+		args := slices.Clone(mainArgs) // with --pprof under --profile
+		args[slices.Index(args, "--store")+1] = "redis://" + rs.addr + "/0"
+		p, err := startServing(ctx, retrydRedisName, retrydBin, args, append(slices.Clone(noTrace), cfg.RetrydEnv...))
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, &target{name: retrydRedisName, proc: p, new: newRetrydCaller, redis: rs},
+			&target{name: peerName, proc: rs.proc, redis: rs, peer: true})
+	}
 	if cfg.Gubernator {
 		fmt.Fprintln(logw, "building gubernator v2.13.0 from tools/gubernator")
 		p, err := startGubernator(ctx, cfg.Root, dir, noTrace)
@@ -193,6 +231,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		targets = append(targets, &target{name: "gubernator", proc: p, new: newGubernatorCaller})
 	}
 	for _, t := range targets {
+		if t.peer {
+			continue
+		}
 		for range cfg.Conns {
 			c, err := grpc.NewClient(t.proc.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
@@ -218,6 +259,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for _, rate := range modes {
 		for round := 1; round <= cfg.Rounds; round++ {
 			for _, t := range targets {
+				if t.peer && rate > 0 {
+					continue // redis-benchmark has no fixed-rate mode
+				}
 				phase++
 				r, err := runPhase(ctx, t, cfg, rate, round, fmt.Sprintf("p%d-", phase))
 				if err != nil {
@@ -235,6 +279,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		for _, rate := range modes {
 			for _, t := range targets {
+				if t.peer {
+					continue
+				}
 				files, err := profileTarget(ctx, t, cfg, rate, cfg.ProfileDir)
 				if err != nil {
 					return results, err
@@ -309,6 +356,9 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	if rate > 0 {
 		mode = fmt.Sprintf("%d rps", rate)
 	}
+	if t.peer {
+		return runPeerPhase(ctx, t, cfg, round, "peer:"+prefix)
+	}
 	res := Result{Target: t.name, Mode: mode, Round: round}
 	callers := make([]caller, cfg.Workers)
 	for i := range callers {
@@ -317,6 +367,13 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	}
 	if cfg.Warmup > 0 {
 		if _, err := drive(ctx, callers, cfg.Warmup, rate, 0); err != nil {
+			return res, err
+		}
+	}
+	var redis0 RedisStats
+	if t.redis != nil {
+		var err error
+		if redis0, err = t.redis.snapshot(ctx); err != nil {
 			return res, err
 		}
 	}
@@ -331,6 +388,14 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	cpu1, err := t.proc.cpuSeconds()
 	if err != nil {
 		return res, err
+	}
+	if t.redis != nil {
+		redis1, err := t.redis.snapshot(ctx)
+		if err != nil {
+			return res, err
+		}
+		d := redis1.sub(redis0)
+		res.Redis = &d
 	}
 	res.Calls, res.Measured, res.Errors, res.Missed, res.FirstError = st.calls, st.measured, st.errors, st.missed, st.firstError
 	res.Elapsed = st.elapsed

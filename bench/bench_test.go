@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,5 +51,78 @@ func TestSmoke(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestSmokeRedisPeer runs the Redis part (Config.RedisPeer) for a moment:
+// retryd on a redis-server of the harness's own and redis-benchmark's
+// EVALSHA against it. It checks calls, no errors and Redis counters, and
+// makes no assertion about speed. It needs redis-server and
+// redis-benchmark (Debian: redis-server, redis-tools).
+func TestSmokeRedisPeer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs three servers")
+	}
+	for _, bin := range []string{"redis-server", "redis-benchmark"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("%s is not installed", bin)
+		}
+	}
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{
+		Root:     filepath.Dir(strings.TrimSpace(string(out))),
+		Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Rounds: 1,
+		Workers: 4, Conns: 1, KeySpace: 50, Samples: 1000, RedisPeer: true,
+	}
+	results, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var targets []string
+	for _, r := range results {
+		targets = append(targets, r.Target)
+		if r.Calls == 0 || r.RPS() <= 0 {
+			t.Errorf("%s %s: no calls", r.Target, r.Mode)
+		}
+		if r.Errors != 0 {
+			t.Errorf("%s %s: %d errors, first: %s", r.Target, r.Mode, r.Errors, r.FirstError)
+		}
+		if redisPart := r.Target == retrydRedisName || r.Target == peerName; redisPart != (r.Redis != nil) {
+			t.Errorf("%s: Redis counters %v", r.Target, r.Redis)
+		} else if redisPart && r.Redis.Commands < r.Calls {
+			t.Errorf("%s: %d Redis commands for %d calls", r.Target, r.Redis.Commands, r.Calls)
+		}
+	}
+	if want := []string{"retryd", "grpc echo", retrydRedisName, peerName}; !slices.Equal(targets, want) {
+		t.Fatalf("phases of %v, want %v (saturation only)", targets, want)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, cfg, results); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| saturation | 1 | retryd@redis |", "| saturation | 1 | redis EVALSHA |", "EVALSHA calls/s |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+func TestParseRedisInfo(t *testing.T) {
+	info := "# Stats\r\ntotal_commands_processed:100005\r\ntotal_net_input_bytes:2560664\r\n" +
+		"total_net_output_bytes:1200\r\ntotal_reads_processed:20041\r\n\r\n# Commandstats\r\n" +
+		"cmdstat_evalsha:calls=20000,usec=395964,usec_per_call=19.80,rejected_calls=1,failed_calls=2\r\n" +
+		"cmdstat_hset:calls=20000,usec=15789,usec_per_call=0.79,rejected_calls=0,failed_calls=0\r\n" +
+		"cmdstat_info:calls=7,usec=1,usec_per_call=0.1,rejected_calls=0,failed_calls=0\r\n"
+	st := parseRedisInfo(info)
+	if st.Commands != 40000 || st.ByCommand["evalsha"] != 20000 || st.ByCommand["info"] != 0 || st.Failed != 3 ||
+		st.Reads != 20041 || st.NetIn != 2560664 || st.NetOut != 1200 {
+		t.Fatalf("parsed %+v", st)
+	}
+	d := st.sub(RedisStats{Commands: 10, Reads: 41, ByCommand: map[string]int64{"hset": 20000}})
+	if d.Commands != 39990 || d.Reads != 20000 || d.ByCommand["evalsha"] != 20000 || len(d.ByCommand) != 1 {
+		t.Fatalf("difference %+v", d)
 	}
 }

@@ -1,8 +1,10 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -39,15 +41,100 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 				continue
 			}
 			for _, base := range targets {
-				if base == subject || subject != "retryd" && strings.HasPrefix(base, "retryd") {
+				// The Redis peer's CPU is redis-server's: it has its own
+				// table (writeRedisTable).
+				if base == subject || base == peerName || subject != "retryd" && strings.HasPrefix(base, "retryd") {
 					continue
 				}
 				writeRatios(&b, cfg, results, mode, subject, base)
 			}
 		}
 	}
+	writeRedisTable(&b, cfg, results)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRedisTable writes the Redis part's phases (those with Redis
+// counters): per phase what each decision cost Redis, then retryd@redis'
+// ratios to the peer, then the commands per decision by command.
+func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
+	var rs []Result
+	for _, r := range results {
+		if r.Redis != nil && r.Calls > 0 {
+			rs = append(rs, r)
+		}
+	}
+	if len(rs) == 0 {
+		return
+	}
+	per := func(n int64, r Result) float64 { return float64(n) / float64(r.Calls) }
+	fmt.Fprintf(b, "\nRedis part: %s is retryd serve --store redis://… and %s is redis-benchmark -c %d -P 1 -r %d "+
+		"EVALSHA of a token bucket (one round trip per call), against the same redis-server; a decision is one call "+
+		"(retryd: every RPC of the mix, each one session transition). Counters are Redis' own (INFO stats, commandstats) "+
+		"over the measured phase; read events (total_reads_processed) count the reads of client sockets, one per round "+
+		"trip of a client that waits for each reply.\n\n", retrydRedisName, peerName, cfg.Workers, cfg.KeySpace)
+	b.WriteString("| mode | round | target | decisions | decisions/s | p50 | p99 | Redis commands / decision | Redis read events / decision | WATCH (group commits) / decision | Redis bytes in / decision | Redis CPU / decision | retryd CPU / decision | errors |\n")
+	b.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rs {
+		d := r.Redis
+		retrydCPU := "—"
+		if r.Target != peerName {
+			retrydCPU = us(r.CPUPerCall())
+		}
+		fmt.Fprintf(b, "| %s | %d | %s | %d | %.0f | %s | %s | %.2f | %.2f | %.3f | %.0f | %s | %s | %d |\n",
+			r.Mode, r.Round, r.Target, r.Calls, r.RPS(), us(r.P50), us(r.P99), per(d.Commands, r), per(d.Reads, r),
+			per(d.ByCommand["watch"], r), per(d.NetIn, r), us(time.Duration(d.CPU/float64(r.Calls)*1e9)), retrydCPU, r.Errors)
+	}
+	b.WriteString("\n| mode | round | retryd@redis decisions/s ÷ EVALSHA calls/s | Redis CPU / decision ratio | Redis read events / decision ratio |\n| --- | --- | ---: | ---: | ---: |\n")
+	var aCalls, bCalls, aReads, bReads int64
+	var aSec, bSec, aCPU, bCPU float64
+	for round := 1; round <= cfg.Rounds; round++ {
+		a, okA := find(rs, retrydRedisName, "saturation", round)
+		o, okB := find(rs, peerName, "saturation", round)
+		if !okA || !okB {
+			continue
+		}
+		fmt.Fprintf(b, "| saturation | %d | %.2f | %.2f | %.2f |\n", round, a.RPS()/o.RPS(),
+			(a.Redis.CPU/float64(a.Calls))/(o.Redis.CPU/float64(o.Calls)), per(a.Redis.Reads, a)/per(o.Redis.Reads, o))
+		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
+		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
+		aCPU, bCPU = aCPU+a.Redis.CPU, bCPU+o.Redis.CPU
+		aReads, bReads = aReads+a.Redis.Reads, bReads+o.Redis.Reads
+	}
+	if aCalls > 0 && bCalls > 0 {
+		fmt.Fprintf(b, "| saturation | pooled | %.2f | %.2f | %.2f |\n", (float64(aCalls)/aSec)/(float64(bCalls)/bSec),
+			(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aReads)/float64(aCalls))/(float64(bReads)/float64(bCalls)))
+	}
+	// Commands per decision by command, pooled over the rounds of a mode.
+	b.WriteString("\n| mode | target | Redis commands per decision, by command (pooled over rounds) |\n| --- | --- | --- |\n")
+	for _, mode := range uniq(rs, func(r Result) string { return r.Mode }) {
+		for _, target := range uniq(rs, func(r Result) string { return r.Target }) {
+			var calls int64
+			by := map[string]int64{}
+			for _, r := range rs {
+				if r.Mode == mode && r.Target == target {
+					calls += r.Calls
+					for k, v := range r.Redis.ByCommand {
+						by[k] += v
+					}
+				}
+			}
+			if calls == 0 {
+				continue
+			}
+			cmds := make([]string, 0, len(by))
+			for k := range by {
+				cmds = append(cmds, k)
+			}
+			slices.SortFunc(cmds, func(x, y string) int { return cmp.Or(cmp.Compare(by[y], by[x]), cmp.Compare(x, y)) })
+			parts := make([]string, len(cmds))
+			for i, k := range cmds {
+				parts[i] = fmt.Sprintf("%s %.3f", strings.ToUpper(k), float64(by[k])/float64(calls))
+			}
+			fmt.Fprintf(b, "| %s | %s | %s |\n", mode, target, strings.Join(parts, ", "))
+		}
+	}
 }
 
 // writeRatios writes subject's ratios to base in mode, per round and

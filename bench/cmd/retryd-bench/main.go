@@ -2,7 +2,7 @@
 // writes a markdown results table to stdout and, with --out, to a file.
 //
 //	go run ./bench/cmd/retryd-bench [--duration 10s] [--rounds 2] [--workers 32]
-//	    [--rate 2000] [--gubernator] [--base-src DIR] [--profile DIR]
+//	    [--rate 2000] [--gubernator] [--redis-peer] [--base-src DIR] [--profile DIR]
 //	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
 //	    [--skip-ab] [--out bench-results.md]
 //
@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.KeySpace, "sessions", cfg.KeySpace, "session key space")
 	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "latency samples kept per phase")
 	fs.BoolVar(&cfg.Gubernator, "gubernator", false, "also run gubernator v2.13.0 (tools/gubernator) single-node on loopback")
+	fs.BoolVar(&cfg.RedisPeer, "redis-peer", false, "also run retryd on --store redis:// against a redis-server of its own on loopback, and redis-benchmark EVALSHA of a token bucket against the same server (needs redis-server, redis-benchmark)")
 	fs.Func("retryd-env", "KEY=VALUE in retryd's environment (repeatable), e.g. GOGC=off", func(v string) error {
 		if !strings.Contains(v, "=") {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)

@@ -86,6 +86,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 
 	// The store opens before the listeners: a store that cannot be opened
 	// (unreachable, locked, another schema version) refuses the start.
+	redis.SetLogger(log) // before the store dials: go-redis' own lines go through log
 	store, err := openStore(c)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"syscall"
@@ -81,6 +82,16 @@ func TestRedisRestart(t *testing.T) {
 			}
 			l.check(a.Conn(t))
 			retrydtest.Verify(t, b.Conn(t))
+			// go-redis' complaints while Redis was away went through the
+			// server's logger: a JSON log stays JSON.
+			for _, srv := range []*retrydtest.Server{a, b} {
+				for _, line := range strings.Split(strings.TrimSpace(srv.Logs()), "\n") {
+					if !json.Valid([]byte(line)) {
+						t.Errorf("log line is not JSON: %q", line)
+						break
+					}
+				}
+			}
 		})
 	}
 }

@@ -15,8 +15,12 @@ import (
 // Local is a Decider made of retryd's pure parts: policy.Resolve and
 // policy.Decide per agent, one fleet.ProviderState per provider, and the
 // little chain bookkeeping the engine does (retry numbers, the pending
-// retry, whether the last started retry was a probe). It is what the
-// service will do once the fleet is integrated, without storage or gRPC.
+// retry, whether the last started retry was a probe): the calls the
+// service makes on the same package (service/fleet.go), without storage or
+// gRPC. Two differences from the service: the service counts every report
+// of a half-open provider as a probe's outcome (it does not track which
+// started retry was a probe), and its start gate does not know a retry's
+// deadline (it holds, never cancels).
 //
 // Randomness is split so that no provider's traffic can change another's
 // numbers: each session draws jitter from its own source, each provider

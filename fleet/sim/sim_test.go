@@ -25,8 +25,9 @@ func protection(t *testing.T, name string) fleet.Config {
 }
 
 // deciders are the decision functions the simulation's proofs run against.
-// The service joins them once the fleet is integrated: service.Service over
-// the memory store, in process, on the simulated clock.
+// service.Service is not among them: its stores' timers run on the wall
+// clock, so a simulated minute would take a real one. The service's fleet
+// calls are tested over every store in service/fleet_test.go.
 var deciders = []struct {
 	name string
 	new  func(fleet.Config) sim.Decider
@@ -212,7 +213,7 @@ func TestDeterministic(t *testing.T) {
 }
 
 // TestRunFollowsTheDecider: the agents do what the Decider says, at the
-// times it says — the contract the real service will be held to.
+// times it says: the contract every Decider is held to.
 func TestRunFollowsTheDecider(t *testing.T) {
 	t.Parallel()
 	var calls []string

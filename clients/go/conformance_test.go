@@ -161,7 +161,12 @@ func loadConformanceVectors(t *testing.T) []conformanceVector {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	vectors := loadConformanceVectors(t)
-	srv := retrydtest.Start(t)
+	root, err := retrydtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The vectors' server config protects the fleet vector's providers.
+	srv := retrydtest.Start(t, "--config", filepath.Join(root, "testdata", "conformance", "retryd.yaml"))
 	client, err := retryd.New(srv.Addr)
 	if err != nil {
 		t.Fatal(err)
@@ -233,17 +238,10 @@ func TestConformanceCoverage(t *testing.T) {
 			}
 		}
 	}
-	// Fleet protection's reasons and sources need a server configured for
-	// it (the vectors run against one with no policy file); the service
-	// suite covers them on every store (service/fleet_test.go).
-	needsFleetConfig := map[string]bool{
-		"DELAY_SOURCE_FLEET_BUDGET": true, "DELAY_SOURCE_CIRCUIT_OPEN": true, "DELAY_SOURCE_PROVIDER_PACING": true,
-		"DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED": true, "DELEGATE_REASON_FLEET_CIRCUIT_OPEN": true,
-	}
 	var want []string
 	for _, names := range []map[int32]string{retrydv1.Mode_name, retrydv1.DelegateReason_name, retrydv1.DelaySource_name} {
 		for n, name := range names {
-			if n != 0 && !needsFleetConfig[name] {
+			if n != 0 {
 				want = append(want, name)
 			}
 		}

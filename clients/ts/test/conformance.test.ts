@@ -5,6 +5,7 @@
 // client.
 
 import assert from "node:assert/strict";
+import { join } from "node:path";
 import { test } from "node:test";
 import { DelaySourceSchema, DelegateReasonSchema } from "../src/gen/retryd/v1/events_pb.js";
 import { ModeSchema } from "../src/gen/retryd/v1/policy_pb.js";
@@ -16,7 +17,8 @@ import { loadVectors, runVector } from "./vectors.js";
 const vectors = loadVectors(repoRoot());
 
 test("conformance vectors against a live retryd", { concurrency: true }, async (t) => {
-  const server = await startRetryd();
+  // The vectors' server config protects the fleet vector's providers.
+  const server = await startRetryd("--config", join(repoRoot(), "testdata", "conformance", "retryd.yaml"));
   const client = new RetrydClient(server.addr);
   try {
     await Promise.all(vectors.map((v) => t.test(v.name, () => runVector(client, v))));
@@ -56,18 +58,7 @@ test("conformance vectors cover every mode, reason and op", () => {
       if ("retryAfter" in failure) seen.add("retry-after:header");
     }
   }
-  // Fleet protection's reasons and sources need a server configured for
-  // it (the vectors run against one with no policy file); the service
-  // suite covers them on every store (service/fleet_test.go), as
-  // clients/go/conformance_test.go says too.
-  const needsFleetConfig = new Set([
-    "DELAY_SOURCE_FLEET_BUDGET",
-    "DELAY_SOURCE_CIRCUIT_OPEN",
-    "DELAY_SOURCE_PROVIDER_PACING",
-    "DELEGATE_REASON_FLEET_BUDGET_EXHAUSTED",
-    "DELEGATE_REASON_FLEET_CIRCUIT_OPEN",
-  ]);
-  const named = (x: { number: number; name: string }) => x.number !== 0 && !needsFleetConfig.has(x.name);
+  const named = (x: { number: number; name: string }) => x.number !== 0;
   const want = [
     ...ModeSchema.values.filter(named).map((x) => x.name),
     ...DelegateReasonSchema.values.filter(named).map((x) => x.name),

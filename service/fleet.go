@@ -66,7 +66,7 @@ type fleets struct {
 	shared   SharedFleet // nil: the state is kept here
 	log      *slog.Logger
 
-	mu      sync.Mutex
+	mu      sync.RWMutex // entries are read on every protected failure, added rarely
 	entries map[fleetKey]*fleetEntry
 	queued  map[string]*fleetEntry // retry id → its provider's entry
 }
@@ -85,10 +85,16 @@ func (fs *fleets) entry(tenantID, provider string, now time.Time) *fleetEntry {
 		return nil
 	}
 	k := fleetKey{tenantID, provider}
+	fs.mu.RLock()
+	e := fs.entries[k]
+	fs.mu.RUnlock()
+	if e != nil {
+		return e
+	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if e := fs.entries[k]; e != nil {
-		return e
+		return e // another call added it meanwhile
 	}
 	if len(fs.entries) >= maxFleetProviders {
 		fs.sweep(now)
@@ -98,7 +104,7 @@ func (fs *fleets) entry(tenantID, provider string, now time.Time) *fleetEntry {
 			return nil
 		}
 	}
-	e := &fleetEntry{key: FleetKey(tenantID, provider), cfg: cfg,
+	e = &fleetEntry{key: FleetKey(tenantID, provider), cfg: cfg,
 		rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), used: now}
 	fs.entries[k] = e
 	return e
@@ -280,9 +286,9 @@ func (fs *fleets) snapshot(ctx context.Context, tenantID, provider string, now t
 		}
 		return st.Snapshot(cfg, now), true, nil
 	}
-	fs.mu.Lock()
+	fs.mu.RLock()
 	e := fs.entries[fleetKey{tenantID, provider}]
-	fs.mu.Unlock()
+	fs.mu.RUnlock()
 	if e == nil {
 		return fleet.ProviderState{}.Snapshot(cfg, now), true, nil
 	}

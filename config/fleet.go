@@ -143,6 +143,9 @@ func decodeStrict(raw json.RawMessage, v any) error {
 	return dec.Decode(v)
 }
 
+// HasFleet reports whether the file protects any provider.
+func (ps *Policies) HasFleet() bool { return ps.fleet != nil || len(ps.providerFleet) > 0 }
+
 // Fleet returns the fleet protection of provider, and whether it has any:
 // a provider's own block over the file's fleet block; none when the file
 // has neither.

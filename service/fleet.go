@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -36,6 +37,28 @@ type SharedFleet interface {
 	FleetState(ctx context.Context, key string) (fleet.ProviderState, error)
 	// UpdateFleet applies fn to the state under key atomically.
 	UpdateFleet(ctx context.Context, key string, fn func(*fleet.ProviderState)) error
+}
+
+// Partitioned is implemented by stores that keep their state in
+// partitions, each with its own fleet state (the Redis store's
+// partitioned key layout, see store/redis/layout.go).
+type Partitioned interface {
+	// Partitions returns the number of partitions.
+	Partitions() int
+}
+
+// checkFleetStore refuses fleet protection on a store of several
+// partitions: each would hold a budget and a circuit of its own per
+// provider, so the fleet would retry several budgets' worth and open its
+// circuit on a fraction of the evidence — not what the policy file says.
+func checkFleetStore(p *config.Policies, store Store) error {
+	ps, ok := store.(Partitioned)
+	if !ok || ps.Partitions() <= 1 || !p.HasFleet() {
+		return nil
+	}
+	return fmt.Errorf("service: the policy file configures fleet protection (fleet:), which keeps one budget and one "+
+		"circuit per provider, but the store keeps its state in %d partitions, each with a fleet state of its own; "+
+		"use a store of one partition (partitions=1 in the Redis URL) or drop the fleet blocks", ps.Partitions())
 }
 
 // FleetKey names a (tenant, provider)'s fleet state in a store.

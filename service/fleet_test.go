@@ -154,9 +154,47 @@ func waitFor(t *testing.T, cond func() bool) {
 // TestFleetSharedAcrossReplicas: two replicas over one Redis decide with
 // one budget per provider: what one spent, the other cannot, and both read
 // the same state.
+//
+// It runs on one Redis, and on a Redis Cluster with one partition (where
+// fleet protection works: there is one fleet state per provider).
 func TestFleetSharedAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Shared(t)
+	for name, url := range map[string]func() string{
+		"redis":         func() string { return redistest.Shared(t).URL(0) },
+		"redis-cluster": func() string { return redistest.SharedCluster(t).URL() + "&partitions=1" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testFleetShared(t, url())
+		})
+	}
+}
+
+// TestFleetRefusedOnPartitions: the service refuses fleet protection over
+// a store of several partitions, which would split every provider's
+// budget and circuit, and names the way out; without fleet blocks it runs.
+func TestFleetRefusedOnPartitions(t *testing.T) {
+	t.Parallel()
+	policies, err := config.Parse([]byte(fleetPolicies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := redis.Open(context.Background(), redis.Config{
+		URL: redistest.Shared(t).URL(0) + "?partitions=4", KeyPrefix: redistest.Prefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	_, err = service.New(st, service.WithPolicies(policies))
+	if err == nil || !strings.Contains(err.Error(), "4 partitions") || !strings.Contains(err.Error(), "partitions=1") {
+		t.Fatalf("service over 4 partitions with fleet protection: %v, want a refusal naming partitions=1", err)
+	}
+	if _, err := service.New(st); err != nil {
+		t.Fatalf("service over 4 partitions without fleet protection: %v", err)
+	}
+}
+
+func testFleetShared(t *testing.T, url string) {
 	prefix := redistest.Prefix()
 	policies, err := config.Parse([]byte(fleetPolicies))
 	if err != nil {
@@ -164,7 +202,7 @@ func TestFleetSharedAcrossReplicas(t *testing.T) {
 	}
 	var replicas [2]*service.Service
 	for i := range replicas {
-		st, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), KeyPrefix: prefix})
+		st, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -33,15 +33,21 @@ import (
 
 // backends lists the stores the whole suite runs against. Every test
 // iterates it, so semantics cannot drift between stores.
+//
+// Two properties differ by design, and are flagged: partitioned stores
+// number events per partition (sequences increase per session and in the
+// unfiltered log, but are not 1, 2, …), and keep fleet state per
+// partition, so the service refuses fleet protection on them.
 var backends = []struct {
-	name string
-	open func(t *testing.T, cfg memory.Config) service.Store
+	name        string
+	open        func(t *testing.T, cfg memory.Config) service.Store
+	partitioned bool
 }{
 	{"memory", func(t *testing.T, cfg memory.Config) service.Store {
 		s := memory.New(cfg)
 		t.Cleanup(s.Close)
 		return s
-	}},
+	}, false},
 	{"file", func(t *testing.T, cfg memory.Config) service.Store {
 		s, err := file.Open(t.TempDir(), cfg)
 		if err != nil {
@@ -53,31 +59,44 @@ var backends = []struct {
 			}
 		})
 		return s
-	}},
+	}, false},
 	{"redis", func(t *testing.T, cfg memory.Config) service.Store {
-		srv := redistest.Shared(t)
-		s, err := redis.Open(context.Background(), redis.Config{
-			URL: srv.URL(0), KeyPrefix: redistest.Prefix(),
-			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, EventLogSize: cfg.EventLogSize,
-			Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand,
-		})
-		if err != nil {
-			t.Fatal(err)
+		return openRedis(t, redistest.Shared(t).URL(0), cfg)
+	}, false},
+	// The partitioned key layout on one Redis, and on a Redis Cluster of
+	// three masters (16 partitions).
+	{"redis-partitioned", func(t *testing.T, cfg memory.Config) service.Store {
+		return openRedis(t, redistest.Shared(t).URL(0)+"?partitions=4", cfg)
+	}, true},
+	{"redis-cluster", func(t *testing.T, cfg memory.Config) service.Store {
+		return openRedis(t, redistest.SharedCluster(t).URL(), cfg)
+	}, true},
+}
+
+func openRedis(t *testing.T, url string, cfg memory.Config) service.Store {
+	s, err := redis.Open(context.Background(), redis.Config{
+		URL: url, KeyPrefix: redistest.Prefix(),
+		ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, EventLogSize: cfg.EventLogSize,
+		Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("closing the redis store: %v", err)
 		}
-		t.Cleanup(func() {
-			if err := s.Close(); err != nil {
-				t.Errorf("closing the redis store: %v", err)
-			}
-		})
-		return s
-	}},
+	})
+	return s
 }
 
 type harness struct {
 	t      *testing.T
 	client retrydv1.RetryServiceClient
-	conn   *grpc.ClientConn
-	store  service.Store
+	// gapless: the store numbers the whole log 1, 2, … (not partitioned).
+	gapless bool
+	conn    *grpc.ClientConn
+	store   service.Store
 
 	// With harnessOpts.telemetry: this backend's own tracer provider (the
 	// server's and the agent's), the spans it ended, and its metrics.
@@ -105,11 +124,28 @@ func eachBackend(t *testing.T, o harnessOpts, fn func(t *testing.T, h *harness))
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
+			if b.partitioned && hasFleet(t, o.policies) {
+				t.Skip("a partitioned store keeps fleet state per partition: the service refuses fleet protection " +
+					"on it (TestFleetRefusedOnPartitions)")
+			}
 			h, _ := startHarness(t, b.open, o)
+			h.gapless = !b.partitioned
 			fn(t, h)
 			h.verify()
 		})
 	}
+}
+
+// hasFleet reports whether a policy file configures fleet protection.
+func hasFleet(t *testing.T, policies string) bool {
+	if policies == "" {
+		return false
+	}
+	ps, err := config.Parse([]byte(policies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps.HasFleet()
 }
 
 // startHarness starts one server over a store opened by open, with real

@@ -127,6 +127,9 @@ func New(store Store, opts ...Option) (*Service, error) {
 	if s.adm, err = newAdmission(s.limits, s.now, s.log, s.mp); err != nil {
 		return nil, fmt.Errorf("service: admission: %w", err)
 	}
+	if err := checkFleetStore(s.policies, store); err != nil {
+		return nil, err
+	}
 	s.fleets = newFleets(s.policies, store, s.log)
 	if g, ok := store.(GatedStore); ok {
 		g.SetStartGate(s.fleets)

@@ -69,7 +69,7 @@ func countAwaiters(fields map[string]string, now int64) (live map[string]int64, 
 
 // attach registers a stream as an awaiter of a retry of a session.
 func (s *Store) attach(ctx context.Context, sessionID, retryID string) (*awaiter, error) {
-	a := &awaiter{s: s, key: s.awaitersKey(sessionID), field: awaiterField(retryID, rand.Text())}
+	a := &awaiter{s: s, key: s.keys.awaitersKey(sessionID), field: awaiterField(retryID, rand.Text())}
 	if err := a.renew(ctx); err != nil {
 		return nil, err
 	}

@@ -64,9 +64,9 @@ func (s *Store) expiry(t *txn) error {
 // writes of a session created anew in the same transaction; its stream
 // keeps its TTL, so that WatchEvents of the session still shows why it
 // ended.
-func (s *Store) forget(ctx context.Context, p redis.Pipeliner, t *txn) {
-	p.Del(ctx, s.sessionKey(t.id), s.awaitersKey(t.id))
+func (s *Store) forget(ctx context.Context, pl redis.Pipeliner, p int, t *txn) {
+	pl.Del(ctx, s.keys.sessionKey(t.id), s.keys.awaitersKey(t.id))
 	for _, r := range t.gone.Retries() {
-		p.Del(ctx, s.retryKey(r.ID))
+		pl.Del(ctx, s.keys.retryKey(p, r.ID))
 	}
 }

@@ -63,7 +63,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 		{id: "s", fn: s.expiry, done: make(chan error, 1)},
 		{id: "s", fn: decide(failure(2), &second), done: make(chan error, 1)},
 	}
-	for i, err := range s.commitGroup(group) {
+	for i, err := range s.commitGroup(s.keys.partition("s"), group) {
 		if err != nil {
 			t.Fatalf("transition %d of the group: %v", i, err)
 		}

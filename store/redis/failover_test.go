@@ -6,11 +6,11 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/internal/retrydtest"
-	"github.com/retryd/retryd/store/redis/redistest"
 )
 
 // TestFailover is fault 2 of the durable-state issue: three retryd
-// replicas over one Redis serve a fleet of agents (FailedStep, AwaitRetry
+// replicas over one Redis (in each key layout, and over a Redis Cluster)
+// serve a fleet of agents (FailedStep, AwaitRetry
 // by two awaiters at once, CancelRetries while an awaiter waits, retries
 // left pending) through one round_robin client; one replica is killed
 // with SIGKILL in the middle, and the agents carry on through the other
@@ -23,10 +23,13 @@ func TestFailover(t *testing.T) {
 		t.Skip("slow: three retryd processes under load for seconds")
 	}
 	t.Parallel()
-	srv := redistest.Start(t)
+	eachLayout(t, func(t *testing.T, url string, _ bool) { testFailover(t, url) })
+}
+
+func testFailover(t *testing.T, url string) {
 	var replicas []*retrydtest.Server
 	for range 3 {
-		replicas = append(replicas, retrydtest.Start(t, "--store", srv.URL(0)))
+		replicas = append(replicas, retrydtest.Start(t, "--store", url))
 	}
 	l := startLoad(t, fleetClient(t, replicas...), 8)
 

@@ -16,16 +16,18 @@ import (
 // provider, as JSON) lives in retryd:fleet:KEY, so every replica decides
 // with one budget and one circuit per provider. FailedStep reads and saves
 // it in the session's own transaction, which watches it: a decision and
-// the budget token it took are committed together or not at all. The key
-// is not in the session's hash slot (see the package doc on Cluster).
+// the budget token it took are committed together or not at all. In the
+// single layout the key has no hash tag; in the partitioned layout it is a
+// partition's key, so that it shares the session's slot: each partition
+// then holds a state of its own. With more than one partition that splits
+// a provider's budget and circuit, so the server refuses fleet protection
+// there (see Store.Partitions); with one partition there is one state.
 
 var _ service.SharedFleet = (*Store)(nil)
 
 // fleetTTL is how long an untouched fleet state is kept. By then a budget
 // has refilled and a window is empty: a new state is as good.
 const fleetTTL = time.Hour
-
-func (s *Store) fleetKey(key string) string { return s.cfg.KeyPrefix + "retryd:fleet:" + key }
 
 // decodeFleet reads a stored state; a missing key is the fresh state.
 func decodeFleet(cmd *redis.StringCmd) (*fleet.ProviderState, error) {
@@ -46,14 +48,14 @@ func decodeFleet(cmd *redis.StringCmd) (*fleet.ProviderState, error) {
 }
 
 // loadFleets reads the fleet states a group's failures decide with.
-func (s *Store) loadFleets(ctx context.Context, c redis.Cmdable, keys []string) (map[string]*fleet.ProviderState, error) {
+func (s *Store) loadFleets(ctx context.Context, c redis.Cmdable, part int, keys []string) (map[string]*fleet.ProviderState, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
 	cmds := make([]*redis.StringCmd, len(keys))
 	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
-			cmds[i] = p.Get(ctx, s.fleetKey(k))
+			cmds[i] = p.Get(ctx, s.keys.fleetKey(part, k))
 		}
 		return nil
 	})
@@ -72,20 +74,20 @@ func (s *Store) loadFleets(ctx context.Context, c redis.Cmdable, keys []string) 
 }
 
 // writeFleets queues the group's fleet states in its MULTI.
-func (s *Store) writeFleets(ctx context.Context, p redis.Pipeliner, states map[string]*fleet.ProviderState) error {
+func (s *Store) writeFleets(ctx context.Context, p redis.Pipeliner, part int, states map[string]*fleet.ProviderState) error {
 	for k, st := range states {
 		b, err := json.Marshal(st)
 		if err != nil {
 			return fmt.Errorf("redis store: encoding fleet state: %w", err)
 		}
-		p.Set(ctx, s.fleetKey(k), b, fleetTTL)
+		p.Set(ctx, s.keys.fleetKey(part, k), b, fleetTTL)
 	}
 	return nil
 }
 
 // FleetState implements service.SharedFleet.
 func (s *Store) FleetState(ctx context.Context, key string) (fleet.ProviderState, error) {
-	st, err := decodeFleet(s.rdb.Get(ctx, s.fleetKey(key)))
+	st, err := decodeFleet(s.rdb.Get(ctx, s.keys.fleetKey(0, key)))
 	if err != nil {
 		return fleet.ProviderState{}, err
 	}
@@ -96,7 +98,7 @@ func (s *Store) FleetState(ctx context.Context, key string) (fleet.ProviderState
 // the one key, run again when a decision or another replica changed it
 // meanwhile.
 func (s *Store) UpdateFleet(ctx context.Context, key string, fn func(*fleet.ProviderState)) error {
-	k := s.fleetKey(key)
+	k := s.keys.fleetKey(0, key)
 	for range maxAttempts {
 		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
 			st, err := decodeFleet(tx.Get(ctx, k))
@@ -134,14 +136,14 @@ func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
 // watchFleet reads a fleet state the group did not read up front (a due
 // retry's provider), watching its key first so that the transaction fails
 // if another replica changes it meanwhile.
-func (s *Store) watchFleet(ctx context.Context, tx *redis.Tx, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
+func (s *Store) watchFleet(ctx context.Context, tx *redis.Tx, part int, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
 	if st := states[key]; st != nil {
 		return st, nil
 	}
-	if err := tx.Watch(ctx, s.fleetKey(key)).Err(); err != nil {
+	if err := tx.Watch(ctx, s.keys.fleetKey(part, key)).Err(); err != nil {
 		return nil, unavailable("watching fleet state", err)
 	}
-	st, err := decodeFleet(tx.Get(ctx, s.fleetKey(key)))
+	st, err := decodeFleet(tx.Get(ctx, s.keys.fleetKey(part, key)))
 	if err != nil {
 		return nil, err
 	}

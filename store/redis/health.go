@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/service"
@@ -47,25 +48,48 @@ func (s *Store) Ping(ctx context.Context) error {
 // makes Open refuse a Redis that does not fsync every write.
 const appendFsyncParam = "appendfsync"
 
+// partitionsParam is the URL query parameter (partitions=N) that selects
+// the partitioned key layout of N partitions (see layout.go).
+const partitionsParam = "partitions"
+
+// ownParams are retryd's own query parameters of a store URL.
+type ownParams struct {
+	fsyncAlways bool
+	// partitions is 0 when the URL names none.
+	partitions int
+}
+
 // storeURL removes retryd's own query parameters from a store URL (the
 // Redis client refuses parameters it does not know) and returns what they
 // ask for.
-func storeURL(raw string) (redisURL string, fsyncAlways bool, err error) {
+func storeURL(raw string) (redisURL string, own ownParams, err error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		// The URL may carry a password: name the problem, not the URL.
-		return "", false, errors.New("redis store: the store URL is not a valid redis://host:port/db URL")
+		return "", own, errors.New("redis store: the store URL is not a valid redis://host:port/db URL")
 	}
 	q := u.Query()
-	if !q.Has(appendFsyncParam) {
-		return raw, false, nil
+	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) {
+		return raw, own, nil
 	}
-	if v := q.Get(appendFsyncParam); v != "always" {
-		return "", false, fmt.Errorf("redis store: the store URL's %s=%q: the one value is always", appendFsyncParam, v)
+	if q.Has(appendFsyncParam) {
+		if v := q.Get(appendFsyncParam); v != "always" {
+			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: the one value is always", appendFsyncParam, v)
+		}
+		own.fsyncAlways = true
+		q.Del(appendFsyncParam)
 	}
-	q.Del(appendFsyncParam)
+	if q.Has(partitionsParam) {
+		v := q.Get(partitionsParam)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxPartitions {
+			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: want a number from 1 to %d", partitionsParam, v, MaxPartitions)
+		}
+		own.partitions = n
+		q.Del(partitionsParam)
+	}
 	u.RawQuery = q.Encode()
-	return u.String(), true, nil
+	return u.String(), own, nil
 }
 
 // durabilityError is a Redis master that does not fsync every write before

@@ -55,6 +55,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -78,9 +79,13 @@ import (
 
 var _ service.Store = (*Store)(nil)
 
-// SchemaVersion is the version of the key layout this retryd reads and
-// writes, stored in retryd:schema.
-const SchemaVersion = 1
+// SchemaVersion is the version of the single key layout, stored in
+// retryd:schema; PartitionedSchemaVersion that of the partitioned one,
+// stored with its number of partitions (see layout.go).
+const (
+	SchemaVersion            = 1
+	PartitionedSchemaVersion = 2
+)
 
 // DefaultEventLogSize is roughly how many events the global stream keeps.
 const DefaultEventLogSize = 100_000
@@ -139,16 +144,18 @@ type Config struct {
 	Rand interface{ Float64() float64 }
 }
 
-// SchemaError is data written by a key layout this retryd does not read.
+// SchemaError is data written by a key layout other than the one this
+// store uses: an older or newer retryd, or another number of partitions.
 type SchemaError struct {
-	// Key is the schema key, Found its value.
-	Key, Found string
+	// Key is the schema key, Found its value, Want the layout's.
+	Key, Found, Want string
 }
 
 func (e *SchemaError) Error() string {
-	return fmt.Sprintf("redis store: %s holds schema version %q, but this retryd reads schema version %d; "+
-		"it does not convert data on its own: migrate it explicitly or use another database or key prefix",
-		e.Key, e.Found, SchemaVersion)
+	return fmt.Sprintf("redis store: %s holds schema %q, but this store URL's key layout is schema %q; "+
+		"retryd does not convert data on its own: use the URL (and the retryd version) that wrote it, "+
+		"migrate it explicitly, or use another database or key prefix",
+		e.Key, e.Found, e.Want)
 }
 
 // Store is the Redis store. Create it with Open; Stop ends its streams and
@@ -156,14 +163,13 @@ func (e *SchemaError) Error() string {
 type Store struct {
 	cfg    Config
 	target *target // where rdb points (url.go)
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
+	keys   layout
 	pubsub *redis.PubSub
 	notify *notifier
-	// queue holds the transitions waiting for a group commit; leading is
-	// set while one caller commits a group (see update).
-	queueMu sync.Mutex
-	queue   []*request
-	leading bool
+	// queues[p] holds partition p's transitions waiting for a group
+	// commit (see update).
+	queues []*queue
 	// gate is fleet protection's start gate (see fleet.go).
 	gate atomic.Pointer[service.StartGate]
 
@@ -193,7 +199,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || target.fsyncAlways
+	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || target.own.fsyncAlways
 	if cfg.ChainTTL <= 0 {
 		cfg.ChainTTL = time.Hour
 	}
@@ -221,7 +227,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.rdb.Close()
 		return nil, err
 	}
-	s.pubsub = s.rdb.PSubscribe(ctx, s.channelPattern())
+	s.queues = make([]*queue, s.keys.partitions())
+	for p := range s.queues {
+		s.queues[p] = &queue{}
+	}
+	s.pubsub = s.rdb.PSubscribe(ctx, s.keys.channelPattern())
 	cctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	if _, err := s.pubsub.Receive(cctx); err != nil {
@@ -235,29 +245,83 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// check connects: it finds out whether the URL's host is a Cluster node
+// (then the store becomes a Cluster client), chooses the key layout, and
+// checks the schema.
 func (s *Store) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	addr := s.target.String()
-	if err := s.rdb.Ping(ctx).Err(); err != nil {
-		if de := (*durabilityError)(nil); errors.As(err, &de) {
-			return de // the connection hook refused it (health.go)
-		}
-		return fmt.Errorf("redis store: Redis at %s does not answer PING: %w", addr, s.target.explain(ctx, err))
+	if err := s.ping(ctx); err != nil {
+		return err
 	}
+	if s.target.standalone != nil {
+		info, err := s.rdb.Info(ctx, "cluster").Result()
+		if err != nil {
+			return fmt.Errorf("redis store: INFO cluster at %s: %w", s.target, err)
+		}
+		if strings.Contains(info, "cluster_enabled:1") {
+			opts, err := clusterOf(s.target.standalone)
+			if err != nil {
+				return err
+			}
+			onConnect := s.target.standalone.OnConnect
+			s.rdb.Close()
+			s.target = &target{cluster: opts, own: s.target.own}
+			s.rdb = s.target.client(onConnect)
+			if err := s.ping(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	switch n := s.target.own.partitions; {
+	case s.target.cluster != nil:
+		s.keys = partitionedLayout(s.cfg.KeyPrefix, cmp.Or(n, DefaultClusterPartitions))
+	case n > 0:
+		s.keys = partitionedLayout(s.cfg.KeyPrefix, n)
+	default:
+		s.keys = singleLayout(s.cfg.KeyPrefix)
+	}
+	return s.checkSchema(ctx)
+}
+
+// ping sends Open's first command, with errors that say what is wrong.
+func (s *Store) ping(ctx context.Context) error {
+	err := s.rdb.Ping(ctx).Err()
+	if err == nil {
+		return nil
+	}
+	if de := (*durabilityError)(nil); errors.As(err, &de) {
+		return de // the connection hook refused it (health.go)
+	}
+	if s.target.cluster != nil && strings.Contains(err.Error(), "cluster support disabled") {
+		return fmt.Errorf("redis store: the store URL lists several addresses (%s=) and no %s, which makes it a "+
+			"Redis Cluster URL, but %s is not a Cluster node (for Sentinel, add %s=NAME): %w",
+			sentinelAddrParam, masterNameParam, s.target, masterNameParam, err)
+	}
+	return fmt.Errorf("redis store: Redis at %s does not answer PING: %w", s.target, s.target.explain(ctx, err))
+}
+
+// checkSchema writes the layout's schema into an empty database and
+// refuses data of another.
+func (s *Store) checkSchema(ctx context.Context) error {
 	key := s.cfg.KeyPrefix + "retryd:schema"
-	if err := s.rdb.SetNX(ctx, key, strconv.Itoa(SchemaVersion), 0).Err(); err != nil {
-		return fmt.Errorf("redis store: writing %s at %s: %w", key, addr, err)
+	want := s.keys.schema()
+	if err := s.rdb.SetNX(ctx, key, want, 0).Err(); err != nil {
+		return fmt.Errorf("redis store: writing %s at %s: %w", key, s.target, err)
 	}
 	found, err := s.rdb.Get(ctx, key).Result()
 	if err != nil {
-		return fmt.Errorf("redis store: reading %s at %s: %w", key, addr, err)
+		return fmt.Errorf("redis store: reading %s at %s: %w", key, s.target, err)
 	}
-	if found != strconv.Itoa(SchemaVersion) {
-		return &SchemaError{Key: key, Found: found}
+	if found != want {
+		return &SchemaError{Key: key, Found: found, Want: want}
 	}
 	return nil
 }
+
+// Partitions returns the number of partitions of the key layout: 1 in the
+// single layout (see layout.go).
+func (s *Store) Partitions() int { return s.keys.partitions() }
 
 // Stop ends every AwaitRetry stream with Cancelled (reason shutdown) and
 // every WatchEvents stream, and stops the timer poller. Nothing is
@@ -276,28 +340,6 @@ func (s *Store) Close() error {
 	return s.rdb.Close()
 }
 
-// Keys. Every key of a session carries the hash tag {SESSION}.
-
-func (s *Store) sessionKey(id string) string  { return s.cfg.KeyPrefix + "retryd:{" + id + "}:s" }
-func (s *Store) streamKey(id string) string   { return s.cfg.KeyPrefix + "retryd:{" + id + "}:events" }
-func (s *Store) awaitersKey(id string) string { return s.cfg.KeyPrefix + "retryd:{" + id + "}:aw" }
-func (s *Store) channel(id string) string     { return s.cfg.KeyPrefix + "retryd:{" + id + "}:n" }
-func (s *Store) retryKey(id string) string    { return s.cfg.KeyPrefix + "retryd:r:" + id }
-func (s *Store) seqKey() string               { return s.cfg.KeyPrefix + "retryd:seq" }
-func (s *Store) timersKey() string            { return s.cfg.KeyPrefix + "retryd:timers" }
-func (s *Store) eventsKey() string            { return s.cfg.KeyPrefix + "retryd:events" }
-func (s *Store) statsKey() string             { return s.cfg.KeyPrefix + "retryd:stats" }
-func (s *Store) channelPattern() string       { return s.cfg.KeyPrefix + "retryd:{*}:n" }
-
-// sessionOfChannel returns the session a notification channel belongs to.
-func (s *Store) sessionOfChannel(ch string) (string, bool) {
-	rest, ok := strings.CutPrefix(ch, s.cfg.KeyPrefix+"retryd:{")
-	if !ok {
-		return "", false
-	}
-	return strings.CutSuffix(rest, "}:n")
-}
-
 // timerMember names a pending retry in the timer set: retry ids never hold
 // a space, session ids come after it.
 func timerMember(sessionID, retryID string) string { return retryID + " " + sessionID }
@@ -309,8 +351,14 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("redis store: %s: %w: %w", op, service.ErrUnavailable, err)
 }
 
-func (s *Store) env() engine.Env {
-	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID}
+// env is the engine's environment for a transaction of partition p: its
+// new retry ids name p.
+func (s *Store) env(p int) engine.Env {
+	newID := s.cfg.NewID
+	if s.keys.partitioned() {
+		newID = func() string { return s.keys.retryID(p, s.cfg.NewID()) }
+	}
+	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: newID}
 }
 
 // txn is one transaction's view of a session and what it changes.
@@ -359,6 +407,14 @@ func (t *txn) timer(retryID string, score *float64) {
 	t.write = true
 }
 
+// queue is one partition's transitions waiting for a group commit;
+// leading is set while one caller commits a group (see update).
+type queue struct {
+	mu      sync.Mutex
+	reqs    []*request
+	leading bool
+}
+
 // request is one call's transition, waiting for a group commit.
 type request struct {
 	id    string
@@ -372,13 +428,14 @@ type request struct {
 // once it is committed; fn's own errors are returned as they are, and
 // nothing of fn is written then.
 //
-// Every transaction watches the sequence counter, so a replica commits
-// them in groups, one group at a time: the callers queue, one of them (the
-// leader) takes up to maxGroup of them, runs them in one WATCH/MULTI/EXEC
-// (again on fresh state whenever another replica won the race, at most
-// maxAttempts times), hands every caller its outcome and passes the lead
-// on. The commit runs under its own timeout, not the caller's context: a
-// caller that left must not strand the queue.
+// Every transaction watches its partition's sequence counter, so a replica
+// commits a partition's transactions in groups, one group at a time: the
+// callers queue, one of them (the leader) takes up to maxGroup of them,
+// runs them in one WATCH/MULTI/EXEC (again on fresh state whenever another
+// replica won the race, at most maxAttempts times), hands every caller its
+// outcome and passes the lead on. Partitions commit independently. The
+// commit runs under its own timeout, not the caller's context: a caller
+// that left must not strand the queue.
 func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
 	return s.updateWithFleet(ctx, id, "", fn)
 }
@@ -390,67 +447,70 @@ func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn fun
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	p := s.keys.partition(id)
+	q := s.queues[p]
 	req := &request{id: id, fleet: fleetKey, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
-	s.queueMu.Lock()
-	s.queue = append(s.queue, req)
-	if !s.leading {
-		s.leading = true
+	q.mu.Lock()
+	q.reqs = append(q.reqs, req)
+	if !q.leading {
+		q.leading = true
 		req.lead <- struct{}{}
 	}
-	s.queueMu.Unlock()
+	q.mu.Unlock()
 	for {
 		select {
 		case err := <-req.done:
 			return err
 		case <-req.lead:
-			s.lead()
+			s.lead(p)
 		}
 	}
 }
 
-// lead commits the group at the head of the queue (the leader's own
-// request is its first) and passes the lead to the next caller.
-func (s *Store) lead() {
-	s.queueMu.Lock()
-	n := min(len(s.queue), maxGroup)
-	group := slices.Clone(s.queue[:n])
-	s.queue = slices.Delete(s.queue, 0, n)
-	s.queueMu.Unlock()
+// lead commits the group at the head of partition p's queue (the leader's
+// own request is its first) and passes the lead to the next caller.
+func (s *Store) lead(p int) {
+	q := s.queues[p]
+	q.mu.Lock()
+	n := min(len(q.reqs), maxGroup)
+	group := slices.Clone(q.reqs[:n])
+	q.reqs = slices.Delete(q.reqs, 0, n)
+	q.mu.Unlock()
 
-	errs := s.commitGroup(group)
+	errs := s.commitGroup(p, group)
 	for i, r := range group {
 		r.done <- errs[i]
 	}
 
-	s.queueMu.Lock()
-	if len(s.queue) > 0 {
-		s.queue[0].lead <- struct{}{}
+	q.mu.Lock()
+	if len(q.reqs) > 0 {
+		q.reqs[0].lead <- struct{}{}
 	} else {
-		s.leading = false
+		q.leading = false
 	}
-	s.queueMu.Unlock()
+	q.mu.Unlock()
 }
 
-// commitGroup runs a group's transitions in one optimistic transaction and
-// returns each one's outcome.
-func (s *Store) commitGroup(group []*request) []error {
+// commitGroup runs a group of partition p's transitions in one optimistic
+// transaction and returns each one's outcome.
+func (s *Store) commitGroup(p int, group []*request) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	keys := []string{s.seqKey()}
+	keys := []string{s.keys.seqKey(p)}
 	seen := map[string]bool{}
 	for _, r := range group {
 		if !seen[r.id] {
 			seen[r.id] = true
-			keys = append(keys, s.sessionKey(r.id), s.awaitersKey(r.id))
+			keys = append(keys, s.keys.sessionKey(r.id), s.keys.awaitersKey(r.id))
 		}
 		if r.fleet != "" && !seen["\x00"+r.fleet] {
 			seen["\x00"+r.fleet] = true
-			keys = append(keys, s.fleetKey(r.fleet))
+			keys = append(keys, s.keys.fleetKey(p, r.fleet))
 		}
 	}
 	errs := make([]error, len(group))
 	for attempt := range maxAttempts {
-		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.apply(ctx, tx, group, errs) }, keys...)
+		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.apply(ctx, tx, p, group, errs) }, keys...)
 		switch {
 		case err == nil:
 			return errs
@@ -486,15 +546,15 @@ type loaded struct {
 // load reads sessions with their awaiter counts, and the sequence
 // counter. A session whose data is damaged is nil, with its error in
 // damaged.
-func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (out []loaded, last uint64, err error) {
+func (s *Store) load(ctx context.Context, c redis.Cmdable, p int, ids []string) (out []loaded, last uint64, err error) {
 	gets := make([]*redis.StringCmd, len(ids))
 	aws := make([]*redis.MapStringStringCmd, len(ids))
 	var seq *redis.StringCmd
-	_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		seq = p.Get(ctx, s.seqKey())
+	_, err = c.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		seq = pl.Get(ctx, s.keys.seqKey(p))
 		for i, id := range ids {
-			gets[i] = p.Get(ctx, s.sessionKey(id))
-			aws[i] = p.HGetAll(ctx, s.awaitersKey(id))
+			gets[i] = pl.Get(ctx, s.keys.sessionKey(id))
+			aws[i] = pl.HGetAll(ctx, s.keys.awaitersKey(id))
 		}
 		return nil
 	})
@@ -539,7 +599,7 @@ func (s *Store) load(ctx context.Context, c redis.Cmdable, ids []string) (out []
 
 // loadOne reads one session (nil when it does not exist).
 func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
-	out, _, err := s.load(ctx, s.rdb, []string{id})
+	out, _, err := s.load(ctx, s.rdb, s.keys.partition(id), []string{id})
 	if err != nil {
 		return nil, err
 	}
@@ -549,7 +609,7 @@ func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error)
 // apply runs a group's transitions on freshly read sessions and, if any
 // changed something, writes them all in one MULTI/EXEC. errs receives each
 // transition's own refusal; an error returned fails the whole group.
-func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs []error) error {
+func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request, errs []error) error {
 	var ids []string
 	index := map[string]int{}
 	for _, r := range group {
@@ -558,7 +618,7 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			ids = append(ids, r.id)
 		}
 	}
-	sessions, last, err := s.load(ctx, tx, ids)
+	sessions, last, err := s.load(ctx, tx, p, ids)
 	if err != nil {
 		return err
 	}
@@ -568,11 +628,11 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			fleetKeys = append(fleetKeys, r.fleet)
 		}
 	}
-	fleets, err := s.loadFleets(ctx, tx, fleetKeys)
+	fleets, err := s.loadFleets(ctx, tx, p, fleetKeys)
 	if err != nil {
 		return err
 	}
-	env := s.env()
+	env := s.env(p)
 	var gateErr error
 	if g := s.gate.Load(); g != nil {
 		if fleets == nil {
@@ -583,7 +643,7 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			if !ok {
 				return time.Time{}, false
 			}
-			st, err := s.watchFleet(ctx, tx, fleets, key)
+			st, err := s.watchFleet(ctx, tx, p, fleets, key)
 			if err != nil {
 				gateErr = err
 				return now.Add(pollInterval), true
@@ -606,7 +666,8 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 	if gateErr != nil {
 		return gateErr
 	}
-	seq := last
+	base := s.sequenceBase(last)
+	seq := base
 	write := false
 	for _, t := range txns {
 		write = write || t.write
@@ -614,6 +675,9 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			seq++
 			ev.Sequence = seq
 		}
+	}
+	if seq == base {
+		seq = last // no events: the counter stays
 	}
 	if !write {
 		return nil
@@ -627,21 +691,21 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, group []*request, errs 
 			return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 		}
 	}
-	_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err = tx.TxPipelined(ctx, func(pl redis.Pipeliner) error {
 		var pop population
 		for i, t := range txns {
-			if err := s.write(ctx, p, t, snaps[i]); err != nil {
+			if err := s.write(ctx, pl, p, t, snaps[i]); err != nil {
 				return err
 			}
 			pop = pop.add(t.delta())
 		}
 		if seq != last {
-			p.Set(ctx, s.seqKey(), seq, 0)
+			pl.Set(ctx, s.keys.seqKey(p), seq, 0)
 		}
-		if err := s.writeFleets(ctx, p, fleets); err != nil {
+		if err := s.writeFleets(ctx, pl, p, fleets); err != nil {
 			return err
 		}
-		s.count(ctx, p, pop)
+		s.count(ctx, pl, p, pop)
 		return nil
 	})
 	switch {
@@ -668,26 +732,26 @@ func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
 }
 
 // write queues one session's changes in a MULTI.
-func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byte) error {
+func (s *Store) write(ctx context.Context, pl redis.Pipeliner, p int, t *txn, snap []byte) error {
 	id := t.id
 	ttl := s.cfg.ChainTTL + ttlMargin
 	if t.gone != nil {
-		s.forget(ctx, p, t)
+		s.forget(ctx, pl, p, t)
 	}
 	if snap != nil {
 		ttl = s.keyTTL(t.sess, t.env.Now)
-		p.Set(ctx, s.sessionKey(id), snap, ttl)
+		pl.Set(ctx, s.keys.sessionKey(id), snap, ttl)
 		for _, r := range t.sess.Retries() {
-			p.Set(ctx, s.retryKey(r.ID), id, ttl)
+			pl.Set(ctx, s.keys.retryKey(p, r.ID), id, ttl)
 		}
 		if len(t.expired) > 0 {
-			p.HDel(ctx, s.awaitersKey(id), t.expired...)
+			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)
 		}
-		p.PExpire(ctx, s.awaitersKey(id), ttl)
+		pl.PExpire(ctx, s.keys.awaitersKey(id), ttl)
 		t.timer(expiryTimer, score(s.expiresAt(t.sess)))
 	}
 	for _, r := range t.forgotten {
-		p.Del(ctx, s.retryKey(r.ID))
+		pl.Del(ctx, s.keys.retryKey(p, r.ID))
 	}
 	for _, ev := range t.events {
 		b, err := proto.Marshal(ev)
@@ -695,23 +759,23 @@ func (s *Store) write(ctx context.Context, p redis.Pipeliner, t *txn, snap []byt
 			return fmt.Errorf("redis store: encoding event: %w", err)
 		}
 		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
-		p.XAdd(ctx, &redis.XAddArgs{Stream: s.streamKey(id), ID: sid, Values: []any{"e", b},
+		pl.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.streamKey(id), ID: sid, Values: []any{"e", b},
 			MaxLen: int64(s.cfg.EventLogSize), Approx: true})
-		p.XAdd(ctx, &redis.XAddArgs{Stream: s.eventsKey(), ID: sid, Values: []any{"e", b},
-			MaxLen: int64(s.cfg.EventLogSize), Approx: true})
+		pl.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.eventsKey(p), ID: sid, Values: []any{"e", b},
+			MaxLen: int64(s.partitionLogSize()), Approx: true})
 	}
 	if len(t.events) > 0 {
-		p.PExpire(ctx, s.streamKey(id), ttl)
+		pl.PExpire(ctx, s.keys.streamKey(id), ttl)
 	}
 	for m, at := range t.timers {
 		if at == nil {
-			p.ZRem(ctx, s.timersKey(), m)
+			pl.ZRem(ctx, s.keys.timersKey(p), m)
 		} else {
-			p.ZAdd(ctx, s.timersKey(), redis.Z{Score: *at, Member: m})
+			pl.ZAdd(ctx, s.keys.timersKey(p), redis.Z{Score: *at, Member: m})
 		}
 	}
 	if t.save || t.gone != nil {
-		p.Publish(ctx, s.channel(id), "")
+		pl.Publish(ctx, s.keys.channel(id), "")
 	}
 	return nil
 }
@@ -757,7 +821,11 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 // sessionOf looks a retry id of a session in scope (see service.InScope)
 // up in the retry index.
 func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, error) {
-	id, err := s.rdb.Get(ctx, s.retryKey(retryID)).Result()
+	p, ok := s.keys.retryPartition(retryID)
+	if !ok {
+		return "", notFound("no retry %s", retryID)
+	}
+	id, err := s.rdb.Get(ctx, s.keys.retryKey(p, retryID)).Result()
 	if errors.Is(err, redis.Nil) || err == nil && !service.InScope(scope, id) {
 		return "", notFound("no retry %s", retryID)
 	}
@@ -985,12 +1053,15 @@ func (s *Store) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetC
 }
 
 // WatchEvents implements service.Store: a session's events come from its
-// stream, all events from the global stream; both are numbered by the
-// global sequence.
+// stream, all events from the partition's stream, or with several
+// partitions from all of theirs merged in sequence order (watchAll).
 func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	key := s.eventsKey()
-	if req.GetSessionId() != "" {
-		key = s.streamKey(req.GetSessionId())
+	key := s.keys.eventsKey(0)
+	switch {
+	case req.GetSessionId() != "":
+		key = s.keys.streamKey(req.GetSessionId())
+	case s.keys.partitions() > 1:
+		return s.watchAll(ctx, req, send)
 	}
 	after := req.GetAfterSequence()
 	recheck := time.NewTicker(recheckInterval)
@@ -1066,10 +1137,7 @@ func (s *Store) runTimers() {
 			return
 		case <-t.C:
 		}
-		due, err := s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
-			Key: s.timersKey(), ByScore: true, Start: "-inf",
-			Stop: strconv.FormatInt(s.cfg.Now().UnixMilli(), 10), Count: pollBatch,
-		}).Result()
+		due, err := s.dueTimers(ctx)
 		if err != nil {
 			// Redis is away: nothing can start or be abandoned until it is
 			// back. Ask again a little later.
@@ -1089,6 +1157,29 @@ func (s *Store) runTimers() {
 	}
 }
 
+// dueTimers reads up to pollBatch due timers of every partition, in one
+// pipeline (on Cluster, one per master).
+func (s *Store) dueTimers(ctx context.Context) ([][]string, error) {
+	now := strconv.FormatInt(s.cfg.Now().UnixMilli(), 10)
+	cmds := make([]*redis.StringSliceCmd, s.keys.partitions())
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for p := range cmds {
+			cmds[p] = pl.ZRangeArgs(ctx, redis.ZRangeArgs{
+				Key: s.keys.timersKey(p), ByScore: true, Start: "-inf", Stop: now, Count: pollBatch,
+			})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	due := make([][]string, len(cmds))
+	for p, c := range cmds {
+		due[p] = c.Val()
+	}
+	return due, nil
+}
+
 // abandonAt is when a pending retry nobody awaits is cancelled as
 // abandoned: the abandon grace after it fell due, or, when it fell due
 // while this replica could not reach Redis, the grace after Redis answered
@@ -1102,20 +1193,23 @@ func (s *Store) abandonAt(r *engine.Retry) time.Time {
 	return from.Add(s.cfg.AbandonGrace)
 }
 
-// fireAll handles due timers, each in a goroutine of its own so that they
-// share group commits, and returns once all are handled. A failure leaves
-// the timer in the set: the next poll tries again.
-func (s *Store) fireAll(ctx context.Context, due []string) {
+// fireAll handles due timers (due[p] are partition p's), each in a
+// goroutine of its own so that they share group commits, and returns once
+// all are handled. A failure leaves the timer in the set: the next poll
+// tries again.
+func (s *Store) fireAll(ctx context.Context, due [][]string) {
 	var wg sync.WaitGroup
-	for _, m := range due {
-		retryID, sessionID, ok := strings.Cut(m, " ")
-		switch {
-		case !ok:
-			s.rdb.ZRem(ctx, s.timersKey(), m)
-		case retryID == expiryTimer:
-			wg.Go(func() { _ = s.expireSession(ctx, sessionID) })
-		default:
-			wg.Go(func() { _ = s.fire(ctx, sessionID, retryID) })
+	for p, members := range due {
+		for _, m := range members {
+			retryID, sessionID, ok := strings.Cut(m, " ")
+			switch {
+			case !ok || s.keys.partition(sessionID) != p:
+				s.rdb.ZRem(ctx, s.keys.timersKey(p), m)
+			case retryID == expiryTimer:
+				wg.Go(func() { _ = s.expireSession(ctx, sessionID) })
+			default:
+				wg.Go(func() { _ = s.fire(ctx, sessionID, retryID) })
+			}
 		}
 	}
 	wg.Wait()
@@ -1126,7 +1220,7 @@ func (s *Store) fireAll(ctx context.Context, due []string) {
 func (s *Store) runNotifications() {
 	defer s.wg.Done()
 	for msg := range s.pubsub.Channel() {
-		if id, ok := s.sessionOfChannel(msg.Channel); ok {
+		if id, ok := s.keys.sessionOfChannel(msg.Channel); ok {
 			s.notify.wake(id)
 		}
 	}

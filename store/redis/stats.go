@@ -60,13 +60,13 @@ func (t *txn) delta() population {
 }
 
 // count queues the counters' changes in a MULTI.
-func (s *Store) count(ctx context.Context, p redis.Pipeliner, d population) {
+func (s *Store) count(ctx context.Context, pl redis.Pipeliner, p int, d population) {
 	for _, f := range []struct {
 		name string
 		n    int64
 	}{{"sessions", d.sessions}, {"chains", d.chains}, {"pending", d.pending}} {
 		if f.n != 0 {
-			p.HIncrBy(ctx, s.statsKey(), f.name, f.n)
+			pl.HIncrBy(ctx, s.keys.statsKey(p), f.name, f.n)
 		}
 	}
 }
@@ -75,11 +75,24 @@ func (s *Store) count(ctx context.Context, p redis.Pipeliner, d population) {
 func (s *Store) Stats() service.Stats {
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
-	vals, err := s.rdb.HMGet(ctx, s.statsKey(), "sessions", "chains", "pending").Result()
+	cmds := make([]*redis.SliceCmd, s.keys.partitions())
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for p := range cmds {
+			cmds[p] = pl.HMGet(ctx, s.keys.statsKey(p), "sessions", "chains", "pending")
+		}
+		return nil
+	})
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	if err == nil {
-		s.stats = service.Stats{Sessions: counter(vals[0]), OpenChains: counter(vals[1]), PendingRetries: counter(vals[2])}
+		var st service.Stats
+		for _, c := range cmds {
+			vals := c.Val()
+			st.Sessions += counter(vals[0])
+			st.OpenChains += counter(vals[1])
+			st.PendingRetries += counter(vals[2])
+		}
+		s.stats = st
 	}
 	st := s.stats
 	st.Awaiters = s.awaiting.Load()

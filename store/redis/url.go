@@ -11,13 +11,24 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Store URLs. A store URL names one standalone Redis, or a master that
-// Redis Sentinel finds; the Redis client parses both with its own parsers
-// (redis.ParseURL, redis.ParseFailoverURL) once retryd took its own
-// parameter appendfsync out (health.go):
+// Store URLs. A store URL names one standalone Redis, a master that
+// Redis Sentinel finds, or a Redis Cluster; the Redis client parses them
+// with its own parsers (redis.ParseURL, redis.ParseFailoverURL,
+// redis.ParseClusterURL) once retryd took its own parameters appendfsync
+// and partitions out (health.go):
 //
 //	redis[s]://[[USER]:PASSWORD@]HOST:PORT[/DB][?OPTIONS]
 //	redis[s]://[[USER]:PASSWORD@]SENTINEL:PORT[/DB]?master_name=NAME[&addr=SENTINEL:PORT…][&username=USER][&password=PASSWORD][&OPTIONS]
+//	redis[s]://[[USER]:PASSWORD@]NODE:PORT?addr=NODE:PORT[&addr=…][&OPTIONS]
+//
+// Cluster. A URL that lists further addresses (addr=) without a
+// master_name is a Cluster URL: its host and every addr are seed nodes,
+// from which the client learns the cluster's slots, and it follows
+// resharding and failovers on its own. A URL of one host also becomes a
+// Cluster URL when that host turns out to be a Cluster node (Open asks it),
+// so the address of any node is enough. On Cluster the store uses the
+// partitioned layout (DefaultClusterPartitions unless partitions=N says
+// otherwise), database 0, and reads and writes the masters only.
 //
 // The parameter master_name makes a URL a Sentinel URL (the standalone
 // parser refuses it, so no URL changes meaning): its host and every addr
@@ -37,19 +48,21 @@ const (
 	sentinelAddrParam = "addr"
 )
 
-// target is a parsed store URL: either standalone or sentinel is set.
+// target is a parsed store URL: one of standalone, sentinel and cluster
+// is set.
 type target struct {
 	standalone *redis.Options
 	sentinel   *redis.FailoverOptions
-	// fsyncAlways is the URL's appendfsync=always.
-	fsyncAlways bool
+	cluster    *redis.ClusterOptions
+	// own are retryd's own parameters.
+	own ownParams
 }
 
 // parseURL parses a store URL without connecting. Its errors name the
 // part of the URL that is wrong, never the URL itself (it may carry a
 // password).
 func parseURL(raw string) (*target, error) {
-	redisURL, fsyncAlways, err := storeURL(raw)
+	redisURL, own, err := storeURL(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -60,14 +73,26 @@ func parseURL(raw string) (*target, error) {
 	q := u.Query()
 	if !q.Has(masterNameParam) {
 		if q.Has(sentinelAddrParam) {
-			return nil, fmt.Errorf("redis store: the store URL lists Sentinels (%s=) but names no master: add %s=NAME, "+
-				"the name the Sentinels monitor it under", sentinelAddrParam, masterNameParam)
+			opts, err := redis.ParseClusterURL(redisURL)
+			if err != nil {
+				return nil, fmt.Errorf("redis store: the store URL lists several addresses (%s=) and no %s, "+
+					"which makes it a Redis Cluster URL (redis://node:6379?addr=node2:6379), but it is not a valid one: %w",
+					sentinelAddrParam, masterNameParam, err)
+			}
+			if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
+				return nil, fmt.Errorf("redis store: the store URL lists several addresses (%s=) and no %s, which makes it "+
+					"a Redis Cluster URL, and a Cluster has database 0 only: drop /%s", sentinelAddrParam, masterNameParam, db)
+			}
+			if err := checkClusterOptions(opts); err != nil {
+				return nil, err
+			}
+			return &target{cluster: opts, own: own}, nil
 		}
 		opts, err := redis.ParseURL(redisURL)
 		if err != nil {
 			return nil, fmt.Errorf("redis store: the store URL is not a valid redis://host:port/db URL: %w", err)
 		}
-		return &target{standalone: opts, fsyncAlways: fsyncAlways}, nil
+		return &target{standalone: opts, own: own}, nil
 	}
 	if strings.TrimSpace(q.Get(masterNameParam)) == "" {
 		return nil, fmt.Errorf("redis store: the Sentinel store URL's %s is empty: give the name the Sentinels "+
@@ -95,7 +120,44 @@ func parseURL(raw string) (*target, error) {
 				"(a replica may not have the latest writes); drop it", p.name)
 		}
 	}
-	return &target{sentinel: opts, fsyncAlways: fsyncAlways}, nil
+	return &target{sentinel: opts, own: own}, nil
+}
+
+// checkClusterOptions refuses the Cluster client options that read from
+// replicas: a replica may not have the latest writes.
+func checkClusterOptions(opts *redis.ClusterOptions) error {
+	for _, p := range []struct {
+		name string
+		set  bool
+	}{
+		{"read_only", opts.ReadOnly},
+		{"route_by_latency", opts.RouteByLatency},
+		{"route_randomly", opts.RouteRandomly},
+	} {
+		if p.set {
+			return fmt.Errorf("redis store: the Cluster store URL sets %s: retryd reads and writes the masters only "+
+				"(a replica may not have the latest writes); drop it", p.name)
+		}
+	}
+	return nil
+}
+
+// clusterOf turns a standalone target whose host is a Cluster node into a
+// Cluster target seeded by it.
+func clusterOf(o *redis.Options) (*redis.ClusterOptions, error) {
+	if o.DB != 0 {
+		return nil, fmt.Errorf("redis store: %s is a Redis Cluster node, which has database 0 only; the store URL names database %d", o.Addr, o.DB)
+	}
+	return &redis.ClusterOptions{
+		Addrs: []string{o.Addr}, ClientName: o.ClientName, Protocol: o.Protocol,
+		Username: o.Username, Password: o.Password, CredentialsProvider: o.CredentialsProvider,
+		MaxRetries: o.MaxRetries, MinRetryBackoff: o.MinRetryBackoff, MaxRetryBackoff: o.MaxRetryBackoff,
+		DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
+		PoolFIFO: o.PoolFIFO, PoolSize: o.PoolSize, PoolTimeout: o.PoolTimeout,
+		MinIdleConns: o.MinIdleConns, MaxIdleConns: o.MaxIdleConns, MaxActiveConns: o.MaxActiveConns,
+		ConnMaxIdleTime: o.ConnMaxIdleTime, ConnMaxLifetime: o.ConnMaxLifetime,
+		TLSConfig: o.TLSConfig,
+	}, nil
 }
 
 // CheckURL reports whether raw is a store URL Open accepts, without
@@ -126,18 +188,25 @@ func RedactURL(raw string) string {
 // String says where the target is, for messages: host:port, or the master
 // and the Sentinels that find it.
 func (t *target) String() string {
-	if t.standalone != nil {
+	switch {
+	case t.standalone != nil:
 		return t.standalone.Addr
+	case t.cluster != nil:
+		return "cluster " + strings.Join(t.cluster.Addrs, ",")
 	}
 	return fmt.Sprintf("master %q (Sentinels %s)", t.sentinel.MasterName, strings.Join(t.sentinel.SentinelAddrs, ","))
 }
 
 // client returns the target's client; onConnect, when not nil, runs on
 // every new connection (to the Sentinels as well, in a Sentinel URL).
-func (t *target) client(onConnect func(context.Context, *redis.Conn) error) *redis.Client {
-	if t.standalone != nil {
+func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redis.UniversalClient {
+	switch {
+	case t.standalone != nil:
 		t.standalone.OnConnect = onConnect
 		return redis.NewClient(t.standalone)
+	case t.cluster != nil:
+		t.cluster.OnConnect = onConnect
+		return redis.NewClusterClient(t.cluster)
 	}
 	t.sentinel.OnConnect = onConnect
 	return redis.NewFailoverClient(t.sentinel)

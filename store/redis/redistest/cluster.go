@@ -1,0 +1,215 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of redis-server processes on loopback,
+// started by StartCluster or SharedCluster.
+type Cluster struct {
+	// Nodes are the cluster's servers: the first Masters are its masters
+	// at the start, each following its replicas (redis-cli's order).
+	Nodes []*Server
+}
+
+// ClusterOptions configure StartCluster. Zero fields take the defaults.
+type ClusterOptions struct {
+	// Masters is how many masters share the 16384 slots. Default 3, the
+	// least Redis Cluster accepts.
+	Masters int
+	// Replicas is how many replicas each master has. Default 0.
+	Replicas int
+	// NodeTimeout is cluster-node-timeout: how long a master may not
+	// answer before its replica takes over. Default 2s.
+	NodeTimeout time.Duration
+	// AppendFsync, when set, turns every node's append-only file on with
+	// that fsync policy.
+	AppendFsync string
+}
+
+// URL returns the Cluster store URL that seeds from every node.
+func (c *Cluster) URL() string {
+	u := "redis://" + c.Nodes[0].Addr
+	for i, n := range c.Nodes[1:] {
+		sep := "&"
+		if i == 0 {
+			sep = "?"
+		}
+		u += sep + "addr=" + n.Addr
+	}
+	return u
+}
+
+// Client returns a Cluster client of the test's own, closed at cleanup.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr
+	}
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// StartCluster starts a Redis Cluster of the test's own, stopped at
+// cleanup, and returns once every node reports cluster_state:ok.
+func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
+	t.Helper()
+	Skip(t)
+	c, err := startCluster(t.TempDir(), opts)
+	if c != nil {
+		t.Cleanup(c.stop)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var (
+	sharedClusterOnce sync.Once
+	sharedCluster     *Cluster
+	sharedClusterErr  error
+)
+
+// SharedCluster returns one three-master Redis Cluster for the whole test
+// process, started at the first call; it stops when the process ends.
+// Give each test its own key prefix (Prefix).
+func SharedCluster(t testing.TB) *Cluster {
+	t.Helper()
+	Skip(t)
+	sharedClusterOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "retryd-redistest-cluster-")
+		if err != nil {
+			sharedClusterErr = err
+			return
+		}
+		sharedCluster, sharedClusterErr = startCluster(dir, ClusterOptions{})
+	})
+	if sharedClusterErr != nil {
+		t.Fatal(sharedClusterErr)
+	}
+	return sharedCluster
+}
+
+func (c *Cluster) stop() {
+	for _, n := range c.Nodes {
+		n.Stop()
+	}
+}
+
+func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
+	if opts.Masters == 0 {
+		opts.Masters = 3
+	}
+	if opts.NodeTimeout == 0 {
+		opts.NodeTimeout = 2 * time.Second
+	}
+	if _, err := exec.LookPath("redis-cli"); err != nil {
+		return nil, fmt.Errorf("redistest: a Cluster needs redis-cli (apt-get install -y redis-tools): %w", err)
+	}
+	c := &Cluster{}
+	n := opts.Masters * (1 + opts.Replicas)
+	for i := range n {
+		node, err := startNode(dir, i, opts)
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		c.Nodes = append(c.Nodes, node)
+	}
+	args := []string{"--cluster", "create"}
+	for _, node := range c.Nodes {
+		args = append(args, node.Addr)
+	}
+	args = append(args, "--cluster-replicas", strconv.Itoa(opts.Replicas), "--cluster-yes")
+	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
+		c.stop()
+		return nil, fmt.Errorf("redistest: redis-cli --cluster create: %w\n%s", err, out)
+	}
+	if err := c.waitOK(); err != nil {
+		c.stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// startNode starts node i of a cluster, with its cluster bus on a free
+// port of its own (not the default port+10000, which may be taken).
+func startNode(dir string, i int, opts ClusterOptions) (*Server, error) {
+	bus, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--save", "", "--dir", dir,
+		"--cluster-enabled", "yes",
+		"--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", i)),
+		"--cluster-node-timeout", strconv.FormatInt(opts.NodeTimeout.Milliseconds(), 10),
+		"--cluster-port", strconv.Itoa(bus),
+		"--appendfilename", fmt.Sprintf("appendonly-%d.aof", i),
+		"--appenddirname", fmt.Sprintf("appendonly-%d", i),
+	}
+	if opts.AppendFsync != "" {
+		args = append(args, "--appendonly", "yes", "--appendfsync", opts.AppendFsync)
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	return startArgs(args)
+}
+
+func freePort() (int, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer lis.Close()
+	return lis.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitOK waits until every running node reports cluster_state:ok and
+// knows every slot.
+func (c *Cluster) waitOK() error {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for _, node := range c.Nodes {
+		if !node.running() {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: node.Addr})
+		for {
+			info, err := rc.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_slots_ok:16384") {
+				break
+			}
+			if ctx.Err() != nil {
+				rc.Close()
+				return fmt.Errorf("redistest: Redis Cluster node %s is not ok: %v %q", node.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return nil
+}
+
+// WaitOK waits until every running node reports cluster_state:ok, as after
+// a failover.
+func (c *Cluster) WaitOK(t testing.TB) {
+	t.Helper()
+	if err := c.waitOK(); err != nil {
+		t.Fatal(err)
+	}
+}

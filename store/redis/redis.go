@@ -1,57 +1,61 @@
 // Package redis is retryd's shared store: every session lives in one Redis
-// (7 or later; standalone, or a master that Redis Sentinel fails over), so
-// several retryd replicas serve one fleet.
+// (7 or later; standalone, a master that Redis Sentinel fails over, or a
+// Redis Cluster), so several retryd replicas serve one fleet.
 //
-// A session's whole state is one key, retryd:{SESSION}:s, holding the
-// engine's snapshot (retryd.state.v1.Session). Every change is an
-// optimistic transaction: WATCH the session key, the global sequence
-// counter and the session's awaiter counts, read them, run the engine's
-// transition, then MULTI/EXEC the new snapshot, its events (on the
-// session's stream and on the global stream), its timer and a pub/sub
-// notification. A transaction that lost a race is run again on fresh
-// state, a bounded number of times; past that, or when Redis cannot be
-// reached, the call fails with service.ErrUnavailable and nothing changed.
+// A session's whole state is one key holding the engine's snapshot
+// (retryd.state.v1.Session). Every change is an optimistic transaction:
+// WATCH the session key, its partition's sequence counter and the
+// session's awaiter counts, read them, run the engine's transition, then
+// MULTI/EXEC the new snapshot, its events (on the session's stream and on
+// the partition's stream), its timer and a pub/sub notification. A
+// transaction that lost a race is run again on fresh state, a bounded
+// number of times; past that, or when Redis cannot be reached, the call
+// fails with service.ErrUnavailable and nothing changed.
 //
-// Event sequences come from the counter retryd:seq, which every
-// transaction watches: they are gapless and strictly increasing across
-// every session and replica, in commit order, and double as the stream ids
-// (SEQ-0), so WatchEvents resumes after any sequence. The price is that all
-// writes of one Redis are ordered through that counter: a replica commits
-// its callers' transitions in groups, one group at a time, and groups of
-// different replicas committed at the same moment conflict and are retried.
+// Key layouts (layout.go). In the single layout (the default on
+// standalone Redis and Sentinel) there is one partition: one counter
+// numbers every event of every session, gapless and strictly increasing
+// across every replica in commit order, and doubles as the stream ids
+// (SEQ-0), so WatchEvents resumes after any sequence. The price is that
+// all writes of one Redis are ordered through that counter: a replica
+// commits its callers' transitions in groups, one group at a time, and
+// groups of different replicas committed at the same moment conflict and
+// are retried. The partitioned layout (Redis Cluster, or ?partitions=N)
+// has a counter, timer set, stream and group-commit queue per partition,
+// all under the partition's hash tag, so a transaction touches one slot
+// and partitions commit independently; events are numbered per partition
+// (watch.go).
 //
 // Timers (a pending retry's due or abandon time, a session's expiry) are
-// members of the sorted set retryd:timers, polled by every replica; the
+// members of the partitions' sorted sets, polled by every replica; the
 // transaction that moves a retry from pending to started or cancelled, or
 // that expires a session (logging its open chains as closed, reason
 // expired), succeeds on exactly one replica (expiry.go). Every AwaitRetry
-// stream holds a leased entry in retryd:{SESSION}:aw, renewed while it
-// waits, so a retry starts when it is due and an agent waits on any
+// stream holds a leased entry in the session's awaiter hash, renewed while
+// it waits, so a retry starts when it is due and an agent waits on any
 // replica, and the awaiters of a replica that died stop counting once
 // their lease ends (awaiters.go). The same transactions keep the
-// population counters of retryd:stats (stats.go). Ping reports whether
-// Redis answers, for gRPC health; the URL parameter appendfsync=always
-// refuses a Redis that could lose acknowledged writes (health.go).
+// population counters (stats.go). Ping reports whether Redis answers, for
+// gRPC health; the URL parameter appendfsync=always refuses a Redis that
+// could lose acknowledged writes (health.go).
 //
-// Sentinel. A URL with master_name (url.go) reaches the master through
-// Redis Sentinel: the client asks the Sentinels for the master's address
-// on every new connection and drops its connections to the old master on
-// a switch, so after a failover the calls, the timer poller and the
-// subscription carry on against the promoted replica, with nothing to do
-// here: until then they fail UNAVAILABLE and Ping fails (NOT_SERVING).
-// What survives a failover is what had reached the promoted replica:
-// Redis replicates asynchronously, so a decision acknowledged in the last
-// moments before the master died can be missing on the new master,
-// together with everything committed after it (each MULTI/EXEC replicates
-// as a whole and in order, so the new master holds a prefix of the old
-// one's transactions, never part of one). Its sequence numbers are then
-// handed out again. appendfsync=always does not close that window, WAIT
-// after each commit would not either (other replicas read, notify and
-// start retries on a state before it is replicated); see the README.
-//
-// The timer set and the counter are not in the session's hash slot: this
-// store works on standalone Redis and Sentinel, not on Redis Cluster (that
-// needs per-slot timer sets and sequences; see the README).
+// Sentinel and Cluster. A URL with master_name (url.go) reaches the master
+// through Redis Sentinel: the client asks the Sentinels for the master's
+// address on every new connection and drops its connections to the old
+// master on a switch, so after a failover the calls, the timer poller and
+// the subscription carry on against the promoted replica, with nothing to
+// do here: until then they fail UNAVAILABLE and Ping fails (NOT_SERVING).
+// A Cluster client likewise follows the cluster's slot map through
+// resharding and failovers. What survives a failover is what had reached
+// the promoted replica: Redis replicates asynchronously, so a decision
+// acknowledged in the last moments before the master died can be missing
+// on the new master, together with everything committed after it (each
+// MULTI/EXEC replicates as a whole and in order, so the new master holds a
+// prefix of the old one's transactions, never part of one). Its sequence
+// numbers are then handed out again. appendfsync=always does not close
+// that window, WAIT after each commit would not either (other replicas
+// read, notify and start retries on a state before it is replicated); see
+// the README.
 package redis
 
 import (
@@ -1142,6 +1146,7 @@ func (s *Store) runTimers() {
 			// Redis is away: nothing can start or be abandoned until it is
 			// back. Ask again a little later.
 			lost = true
+			s.reloadSlots(ctx)
 			select {
 			case <-s.closing:
 				return
@@ -1154,6 +1159,15 @@ func (s *Store) runTimers() {
 			s.resumed.Store(s.cfg.Now().UnixNano())
 		}
 		s.fireAll(ctx, due)
+	}
+}
+
+// reloadSlots has a Cluster client reread the slot map now, once a command
+// failed: a master may have died and its replica taken over, which the
+// client learns on its own only from a MOVED reply or its periodic reload.
+func (s *Store) reloadSlots(ctx context.Context) {
+	if c, ok := s.rdb.(*redis.ClusterClient); ok {
+		c.ReloadState(ctx)
 	}
 }
 

@@ -48,6 +48,10 @@ const (
 	sentinelAddrParam = "addr"
 )
 
+// clusterReloadInterval is how often the Cluster client rereads the slot
+// map without being told to.
+const clusterReloadInterval = 5 * time.Second
+
 // target is a parsed store URL: one of standalone, sentinel and cluster
 // is set.
 type target struct {
@@ -206,6 +210,12 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 		return redis.NewClient(t.standalone)
 	case t.cluster != nil:
 		t.cluster.OnConnect = onConnect
+		if t.cluster.ClusterStateReloadInterval == 0 {
+			// go-redis rereads the slot map on MOVED, or after a minute:
+			// after a failover, the commands for the dead master's slots
+			// would fail until then (see also Store.reloadSlots).
+			t.cluster.ClusterStateReloadInterval = clusterReloadInterval
+		}
 		return redis.NewClusterClient(t.cluster)
 	}
 	t.sentinel.OnConnect = onConnect

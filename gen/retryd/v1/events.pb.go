@@ -512,8 +512,11 @@ func (x *Failure) GetRetryAfter() string {
 // decided or observed. The invariant checker reads these.
 type Event struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Position in the log. Strictly increasing within a session (and, on the
-	// in-memory store, across the whole server); resume WatchEvents after it.
+	// Position in the log: strictly increasing within a session and in the
+	// order WatchEvents of every session delivers; resume WatchEvents after
+	// it. The memory and file stores and the Redis store's single layout
+	// number the whole log 1, 2, …; the Redis store's partitioned layout
+	// numbers each partition by a hybrid logical clock (larger numbers).
 	Sequence uint64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// The agent session the event belongs to.
 	SessionId string `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`

@@ -22,6 +22,8 @@ type Cluster struct {
 	// Nodes are the cluster's servers: the first Masters are its masters
 	// at the start, each following its replicas (redis-cli's order).
 	Nodes []*Server
+	// masters is how many masters share the slots.
+	masters int
 }
 
 // ClusterOptions configure StartCluster. Zero fields take the defaults.
@@ -121,7 +123,7 @@ func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		return nil, fmt.Errorf("redistest: a Cluster needs redis-cli (apt-get install -y redis-tools): %w", err)
 	}
-	c := &Cluster{}
+	c := &Cluster{masters: opts.Masters}
 	n := opts.Masters * (1 + opts.Replicas)
 	for i := range n {
 		node, err := startNode(dir, i, opts)
@@ -205,11 +207,116 @@ func (c *Cluster) waitOK() error {
 	return nil
 }
 
-// WaitOK waits until every running node reports cluster_state:ok, as after
-// a failover.
-func (c *Cluster) WaitOK(t testing.TB) {
+// WaitFailover waits until a replica has taken over from a master that was
+// killed: as many running masters as at the start, and every running node
+// reports cluster_state:ok.
+func (c *Cluster) WaitFailover(t testing.TB) {
 	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for len(c.Masters(t)) < c.masters {
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: no replica took over: %d masters of %d", len(c.Masters(t)), c.masters)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err := c.waitOK(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Masters returns the nodes that are masters now (after failovers too).
+func (c *Cluster) Masters(t testing.TB) []*Server {
+	t.Helper()
+	var masters []*Server
+	for _, n := range c.Nodes {
+		if !n.running() {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
+		info, err := rc.Info(context.Background(), "replication").Result()
+		rc.Close()
+		if err != nil {
+			t.Fatalf("redistest: INFO replication on %s: %v", n.Addr, err)
+		}
+		if strings.Contains(info, "role:master") {
+			masters = append(masters, n)
+		}
+	}
+	return masters
+}
+
+// Replicated waits until every running master's replicas have received
+// everything it had written when Replicated was called (their replication
+// offsets reached its own).
+func (c *Cluster) Replicated(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for _, m := range c.Masters(t) {
+		rc := redis.NewClient(&redis.Options{Addr: m.Addr})
+		target := int64(-1)
+		for {
+			info, err := rc.Info(ctx, "replication").Result()
+			if err != nil {
+				rc.Close()
+				t.Fatalf("redistest: INFO replication on %s: %v", m.Addr, err)
+			}
+			offset, replicas := replicationOffsets(info)
+			if target < 0 {
+				target = offset
+			}
+			behind := len(replicas) == 0
+			for _, o := range replicas {
+				behind = behind || o < target
+			}
+			if !behind {
+				break
+			}
+			if ctx.Err() != nil {
+				rc.Close()
+				t.Fatalf("redistest: the replicas of %s did not reach offset %d: %s", m.Addr, target, info)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		rc.Close()
+	}
+}
+
+// replicationOffsets reads a master's INFO replication: its own offset
+// and each replica's acknowledged one.
+func replicationOffsets(info string) (master int64, replicas []int64) {
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "master_repl_offset:"); ok {
+			master, _ = strconv.ParseInt(v, 10, 64)
+		}
+		if strings.HasPrefix(line, "slave") && strings.Contains(line, "offset=") {
+			for _, f := range strings.Split(line[strings.IndexByte(line, ':')+1:], ",") {
+				if v, ok := strings.CutPrefix(f, "offset="); ok {
+					o, _ := strconv.ParseInt(v, 10, 64)
+					replicas = append(replicas, o)
+				}
+			}
+		}
+	}
+	return master, replicas
+}
+
+// Holding returns the running node that holds a key matching pattern
+// (KEYS on each node: for tests with few keys only).
+func (c *Cluster) Holding(t testing.TB, pattern string) *Server {
+	t.Helper()
+	for _, m := range c.Masters(t) {
+		rc := redis.NewClient(&redis.Options{Addr: m.Addr})
+		keys, err := rc.Keys(context.Background(), pattern).Result()
+		rc.Close()
+		if err != nil {
+			t.Fatalf("redistest: KEYS on %s: %v", m.Addr, err)
+		}
+		if len(keys) > 0 {
+			return m
+		}
+	}
+	t.Fatalf("redistest: no master holds a key matching %q", pattern)
+	return nil
 }

@@ -77,8 +77,11 @@ export const FailureSchema: GenMessage<Failure> = /*@__PURE__*/
  */
 export type Event = Message<"retryd.v1.Event"> & {
   /**
-   * Position in the log. Strictly increasing within a session (and, on the
-   * in-memory store, across the whole server); resume WatchEvents after it.
+   * Position in the log: strictly increasing within a session and in the
+   * order WatchEvents of every session delivers; resume WatchEvents after
+   * it. The memory and file stores and the Redis store's single layout
+   * number the whole log 1, 2, …; the Redis store's partitioned layout
+   * numbers each partition by a hybrid logical clock (larger numbers).
    *
    * @generated from field: uint64 sequence = 1;
    */

@@ -355,7 +355,7 @@ func (c *Config) Validate() error {
 			bad("store", redis.RedactURL(c.Store), err.Error())
 		}
 	case kind != StoreMemory && kind != "file":
-		bad("store", c.Store, "want memory, file:DIR, redis://host:port/db or redis://sentinel:26379/db?master_name=NAME")
+		bad("store", c.Store, "want memory, file:DIR, redis://host:port/db, redis://sentinel:26379/db?master_name=NAME or redis://node:6379?addr=node2:6379 (Cluster)")
 	}
 	c.validateTransport(bad, checkAddr)
 	c.validateAuth(bad)

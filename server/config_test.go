@@ -23,8 +23,9 @@ func TestStoreSetting(t *testing.T) {
 		{flag: "rediss://redis.example:6380/1", wantKind: "redis", wantDir: "rediss://redis.example:6380/1"},
 		{env: "redis://s0:26379/0?master_name=m&addr=s1:26379", wantKind: "redis", wantDir: "redis://s0:26379/0?master_name=m&addr=s1:26379"},
 		{flag: "redis://", bad: true},
-		{flag: "redis://s0:26379/0?addr=s1:26379", bad: true},                 // Sentinels, but no master_name
-		{flag: "redis://:pw@s0:26379/0?master_name=m&colour=blue", bad: true}, // an option the client does not know
+		{flag: "redis://n0:7000?addr=n1:7001&partitions=8", wantKind: "redis", wantDir: "redis://n0:7000?addr=n1:7001&partitions=8"}, // a Cluster
+		{flag: "redis://n0:7000/2?addr=n1:7001", bad: true},                                                                          // a Cluster has database 0 only
+		{flag: "redis://:pw@s0:26379/0?master_name=m&colour=blue", bad: true},                                                        // an option the client does not know
 		{flag: "file:", bad: true},
 		{flag: "sqlite", bad: true},
 		{env: "file", bad: true},

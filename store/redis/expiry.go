@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 )
 
@@ -64,7 +63,7 @@ func (s *Store) expiry(t *txn) error {
 // writes of a session created anew in the same transaction; its stream
 // keeps its TTL, so that WatchEvents of the session still shows why it
 // ended.
-func (s *Store) forget(ctx context.Context, pl redis.Pipeliner, p int, t *txn) {
+func (s *Store) forget(ctx context.Context, pl *commit, p int, t *txn) {
 	pl.Del(ctx, s.keys.sessionKey(t.id), s.keys.awaitersKey(t.id))
 	for _, r := range t.gone.Retries() {
 		pl.Del(ctx, s.keys.retryKey(p, r.ID))

@@ -15,7 +15,7 @@ import (
 // Fleet protection state (one fleet.ProviderState per tenant and
 // provider, as JSON) lives in retryd:fleet:KEY, so every replica decides
 // with one budget and one circuit per provider. FailedStep reads and saves
-// it in the session's own transaction, which watches it: a decision and
+// it in the session's own commit, which checks it: a decision and
 // the budget token it took are committed together or not at all. In the
 // single layout the key has no hash tag; in the partitioned layout it is a
 // partition's key, so that it shares the session's slot: each partition
@@ -48,12 +48,12 @@ func decodeFleet(cmd *redis.StringCmd) (*fleet.ProviderState, error) {
 }
 
 // loadFleets reads the fleet states a group's failures decide with.
-func (s *Store) loadFleets(ctx context.Context, c redis.Cmdable, part int, keys []string) (map[string]*fleet.ProviderState, error) {
+func (s *Store) loadFleets(ctx context.Context, c *commit, part int, keys []string) (map[string]*fleet.ProviderState, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
 	cmds := make([]*redis.StringCmd, len(keys))
-	_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
 			cmds[i] = p.Get(ctx, s.keys.fleetKey(part, k))
 		}
@@ -68,13 +68,14 @@ func (s *Store) loadFleets(ctx context.Context, c redis.Cmdable, part int, keys 
 		if err != nil {
 			return nil, err
 		}
+		c.checkValue(s.keys.fleetKey(part, k), cmds[i].Val())
 		out[k] = st
 	}
 	return out, nil
 }
 
-// writeFleets queues the group's fleet states in its MULTI.
-func (s *Store) writeFleets(ctx context.Context, p redis.Pipeliner, part int, states map[string]*fleet.ProviderState) error {
+// writeFleets adds the group's fleet states to its commit.
+func (s *Store) writeFleets(ctx context.Context, p *commit, part int, states map[string]*fleet.ProviderState) error {
 	for k, st := range states {
 		b, err := json.Marshal(st)
 		if err != nil {
@@ -136,17 +137,17 @@ func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
 // watchFleet reads a fleet state the group did not read up front (a due
 // retry's provider), watching its key first so that the transaction fails
 // if another replica changes it meanwhile.
-func (s *Store) watchFleet(ctx context.Context, tx *redis.Tx, part int, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
+func (s *Store) watchFleet(ctx context.Context, c *commit, part int, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
 	if st := states[key]; st != nil {
 		return st, nil
 	}
-	if err := tx.Watch(ctx, s.keys.fleetKey(part, key)).Err(); err != nil {
-		return nil, unavailable("watching fleet state", err)
-	}
-	st, err := decodeFleet(tx.Get(ctx, s.keys.fleetKey(part, key)))
+	k := s.keys.fleetKey(part, key)
+	cmd := s.rdb.Get(ctx, k)
+	st, err := decodeFleet(cmd)
 	if err != nil {
 		return nil, err
 	}
+	c.checkValue(k, cmd.Val())
 	states[key] = st
 	return st, nil
 }

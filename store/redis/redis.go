@@ -3,12 +3,13 @@
 // Redis Cluster), so several retryd replicas serve one fleet.
 //
 // A session's whole state is one key holding the engine's snapshot
-// (retryd.state.v1.Session). Every change is an optimistic transaction:
-// WATCH the session key, its partition's sequence counter and the
-// session's awaiter counts, read them, run the engine's transition, then
-// MULTI/EXEC the new snapshot, its events (on the session's stream and on
-// the partition's stream), its timer and a pub/sub notification. A
-// transaction that lost a race is run again on fresh state, a bounded
+// (retryd.state.v1.Session). Every change is optimistic: read the session
+// key, its partition's sequence counter and the session's awaiter
+// entries, run the engine's transition, then one server-side script
+// (commit.go) checks that none of them changed and writes the new
+// snapshot, its events (on the session's stream and on the partition's
+// stream), its timer and a pub/sub notification — atomically, or not at
+// all. A commit that lost a race is run again on fresh state, a bounded
 // number of times; past that, or when Redis cannot be reached, the call
 // fails with service.ErrUnavailable and nothing changed.
 //
@@ -50,7 +51,7 @@
 // the promoted replica: Redis replicates asynchronously, so a decision
 // acknowledged in the last moments before the master died can be missing
 // on the new master, together with everything committed after it (each
-// MULTI/EXEC replicates as a whole and in order, so the new master holds a
+// script's writes replicate as a whole and in order, so the new master holds a
 // prefix of the old one's transactions, never part of one). Its sequence
 // numbers are then handed out again. appendfsync=always does not close
 // that window, WAIT after each commit would not either (other replicas
@@ -432,10 +433,10 @@ type request struct {
 // once it is committed; fn's own errors are returned as they are, and
 // nothing of fn is written then.
 //
-// Every transaction watches its partition's sequence counter, so a replica
-// commits a partition's transactions in groups, one group at a time: the
+// Every commit checks its partition's sequence counter, so a replica
+// commits a partition's transitions in groups, one group at a time: the
 // callers queue, one of them (the leader) takes up to maxGroup of them,
-// runs them in one WATCH/MULTI/EXEC (again on fresh state whenever another
+// runs them in one read and one commit script (again on fresh state whenever another
 // replica won the race, at most maxAttempts times), hands every caller its
 // outcome and passes the lead on. Partitions commit independently. The
 // commit runs under its own timeout, not the caller's context: a caller
@@ -496,29 +497,18 @@ func (s *Store) lead(p int) {
 }
 
 // commitGroup runs a group of partition p's transitions in one optimistic
-// transaction and returns each one's outcome.
+// commit (apply, commit.go), again on fresh state while another replica
+// changed what it read, and returns each one's outcome.
 func (s *Store) commitGroup(p int, group []*request) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	keys := []string{s.keys.seqKey(p)}
-	seen := map[string]bool{}
-	for _, r := range group {
-		if !seen[r.id] {
-			seen[r.id] = true
-			keys = append(keys, s.keys.sessionKey(r.id), s.keys.awaitersKey(r.id))
-		}
-		if r.fleet != "" && !seen["\x00"+r.fleet] {
-			seen["\x00"+r.fleet] = true
-			keys = append(keys, s.keys.fleetKey(p, r.fleet))
-		}
-	}
 	errs := make([]error, len(group))
 	for attempt := range maxAttempts {
-		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error { return s.apply(ctx, tx, p, group, errs) }, keys...)
+		err := s.apply(ctx, p, group, errs)
 		switch {
 		case err == nil:
 			return errs
-		case !errors.Is(err, redis.TxFailedErr):
+		case !errors.Is(err, errConflict):
 			if !errors.Is(err, service.ErrUnavailable) {
 				err = unavailable("committing", err)
 			}
@@ -545,16 +535,20 @@ type loaded struct {
 	expired  []string
 	// damaged is why a session's data could not be read.
 	damaged error
+	// sum is the SHA-1 of the snapshot read ("" when absent), fields the
+	// awaiter entries read: what the commit checks (commit.go).
+	sum    string
+	fields map[string]string
 }
 
 // load reads sessions with their awaiter counts, and the sequence
 // counter. A session whose data is damaged is nil, with its error in
 // damaged.
-func (s *Store) load(ctx context.Context, c redis.Cmdable, p int, ids []string) (out []loaded, last uint64, err error) {
+func (s *Store) load(ctx context.Context, p int, ids []string) (out []loaded, last uint64, lastRaw string, err error) {
 	gets := make([]*redis.StringCmd, len(ids))
 	aws := make([]*redis.MapStringStringCmd, len(ids))
 	var seq *redis.StringCmd
-	_, err = c.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		seq = pl.Get(ctx, s.keys.seqKey(p))
 		for i, id := range ids {
 			gets[i] = pl.Get(ctx, s.keys.sessionKey(id))
@@ -563,26 +557,28 @@ func (s *Store) load(ctx context.Context, c redis.Cmdable, p int, ids []string) 
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, 0, unavailable("reading sessions", err)
+		return nil, 0, "", unavailable("reading sessions", err)
 	}
 	if v, err := seq.Uint64(); err == nil {
-		last = v
+		last, lastRaw = v, seq.Val()
 	} else if !errors.Is(err, redis.Nil) {
-		return nil, 0, unavailable("reading the sequence", err)
+		return nil, 0, "", unavailable("reading the sequence", err)
 	}
 	// Leases are wall-clock times of the replicas, not the decision clock.
 	now := time.Now().UnixMilli()
 	out = make([]loaded, len(ids))
 	for i, id := range ids {
 		l := &out[i]
-		l.awaiters, l.expired = countAwaiters(aws[i].Val(), now)
+		l.fields = aws[i].Val()
+		l.awaiters, l.expired = countAwaiters(l.fields, now)
 		b, err := gets[i].Bytes()
 		if errors.Is(err, redis.Nil) {
 			continue
 		}
 		if err != nil {
-			return nil, 0, unavailable("reading session", err)
+			return nil, 0, "", unavailable("reading session", err)
 		}
+		l.sum = sum(b, true)
 		snap := &statev1.Session{}
 		if err := proto.Unmarshal(b, snap); err != nil {
 			l.damaged = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
@@ -598,12 +594,12 @@ func (s *Store) load(ctx context.Context, c redis.Cmdable, p int, ids []string) 
 		}
 		l.sess = sess
 	}
-	return out, last, nil
+	return out, last, lastRaw, nil
 }
 
 // loadOne reads one session (nil when it does not exist).
 func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
-	out, _, err := s.load(ctx, s.rdb, s.keys.partition(id), []string{id})
+	out, _, _, err := s.load(ctx, s.keys.partition(id), []string{id})
 	if err != nil {
 		return nil, err
 	}
@@ -611,9 +607,10 @@ func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error)
 }
 
 // apply runs a group's transitions on freshly read sessions and, if any
-// changed something, writes them all in one MULTI/EXEC. errs receives each
-// transition's own refusal; an error returned fails the whole group.
-func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request, errs []error) error {
+// changed something, writes them all in one commit script, provided
+// nothing it read changed meanwhile (errConflict otherwise). errs receives
+// each transition's own refusal; an error returned fails the whole group.
+func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error) error {
 	var ids []string
 	index := map[string]int{}
 	for _, r := range group {
@@ -622,7 +619,7 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request
 			ids = append(ids, r.id)
 		}
 	}
-	sessions, last, err := s.load(ctx, tx, p, ids)
+	sessions, last, lastRaw, err := s.load(ctx, p, ids)
 	if err != nil {
 		return err
 	}
@@ -632,7 +629,8 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request
 			fleetKeys = append(fleetKeys, r.fleet)
 		}
 	}
-	fleets, err := s.loadFleets(ctx, tx, p, fleetKeys)
+	c := newCommit()
+	fleets, err := s.loadFleets(ctx, c, p, fleetKeys)
 	if err != nil {
 		return err
 	}
@@ -647,7 +645,7 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request
 			if !ok {
 				return time.Time{}, false
 			}
-			st, err := s.watchFleet(ctx, tx, p, fleets, key)
+			st, err := s.watchFleet(ctx, c, p, fleets, key)
 			if err != nil {
 				gateErr = err
 				return now.Add(pollInterval), true
@@ -695,24 +693,26 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request
 			return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 		}
 	}
-	_, err = tx.TxPipelined(ctx, func(pl redis.Pipeliner) error {
-		var pop population
-		for i, t := range txns {
-			if err := s.write(ctx, pl, p, t, snaps[i]); err != nil {
-				return err
-			}
-			pop = pop.add(t.delta())
-		}
-		if seq != last {
-			pl.Set(ctx, s.keys.seqKey(p), seq, 0)
-		}
-		if err := s.writeFleets(ctx, pl, p, fleets); err != nil {
+	c.checkValue(s.keys.seqKey(p), lastRaw)
+	for i, t := range txns {
+		c.checkSum(s.keys.sessionKey(t.id), sessions[i].sum)
+		c.checkHash(s.keys.awaitersKey(t.id), sessions[i].fields)
+	}
+	var pop population
+	for i, t := range txns {
+		if err := s.write(ctx, c, p, t, snaps[i]); err != nil {
 			return err
 		}
-		s.count(ctx, pl, p, pop)
-		return nil
-	})
-	switch {
+		pop = pop.add(t.delta())
+	}
+	if seq != last {
+		c.Set(ctx, s.keys.seqKey(p), seq, 0)
+	}
+	if err := s.writeFleets(ctx, c, p, fleets); err != nil {
+		return err
+	}
+	s.count(ctx, c, p, pop)
+	switch err := c.run(ctx, s.rdb); {
 	case err == nil:
 		for _, t := range txns {
 			if t.sess != nil {
@@ -720,7 +720,7 @@ func (s *Store) apply(ctx context.Context, tx *redis.Tx, p int, group []*request
 			}
 		}
 		return nil
-	case errors.Is(err, redis.TxFailedErr):
+	case errors.Is(err, errConflict):
 		return err
 	default:
 		return unavailable("writing sessions", err)
@@ -735,8 +735,8 @@ func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
 	return max(s.expiresAt(sess).Sub(now), 0) + ttlMargin
 }
 
-// write queues one session's changes in a MULTI.
-func (s *Store) write(ctx context.Context, pl redis.Pipeliner, p int, t *txn, snap []byte) error {
+// write adds one session's changes to a commit.
+func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte) error {
 	id := t.id
 	ttl := s.cfg.ChainTTL + ttlMargin
 	if t.gone != nil {
@@ -763,10 +763,8 @@ func (s *Store) write(ctx context.Context, pl redis.Pipeliner, p int, t *txn, sn
 			return fmt.Errorf("redis store: encoding event: %w", err)
 		}
 		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
-		pl.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.streamKey(id), ID: sid, Values: []any{"e", b},
-			MaxLen: int64(s.cfg.EventLogSize), Approx: true})
-		pl.XAdd(ctx, &redis.XAddArgs{Stream: s.keys.eventsKey(p), ID: sid, Values: []any{"e", b},
-			MaxLen: int64(s.partitionLogSize()), Approx: true})
+		pl.XAdd(ctx, s.keys.streamKey(id), s.cfg.EventLogSize, sid, b)
+		pl.XAdd(ctx, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
 	}
 	if len(t.events) > 0 {
 		pl.PExpire(ctx, s.keys.streamKey(id), ttl)
@@ -775,7 +773,7 @@ func (s *Store) write(ctx context.Context, pl redis.Pipeliner, p int, t *txn, sn
 		if at == nil {
 			pl.ZRem(ctx, s.keys.timersKey(p), m)
 		} else {
-			pl.ZAdd(ctx, s.keys.timersKey(p), redis.Z{Score: *at, Member: m})
+			pl.ZAdd(ctx, s.keys.timersKey(p), *at, m)
 		}
 	}
 	if t.save || t.gone != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,38 +111,102 @@ func TestRedisDown(t *testing.T) {
 
 // BenchmarkFailedStep measures decisions through the store (no gRPC), each
 // a first failure of a fresh session, from 32 goroutines per CPU: redis
-// against memory. Run it with
+// against memory, and with three stores (replicas) in each key layout and
+// on a Cluster, calls spread over them. Run it with
 //
 //	go test -run '^$' -bench FailedStep -benchtime 5s ./store/redis/
 func BenchmarkFailedStep(b *testing.B) {
+	// replicas opens n stores over one URL; cpu reads the Redis servers'
+	// CPU time (INFO cpu), so that each decision's cost in Redis is
+	// reported beside the rate.
+	replicas := func(n int, url string) []service.Store {
+		prefix := redistest.Prefix()
+		stores := make([]service.Store, n)
+		for i := range stores {
+			stores[i] = open(b, url, prefix)
+		}
+		return stores
+	}
 	for _, backend := range []struct {
 		name string
-		open func(b *testing.B) service.Store
+		open func(b *testing.B) (stores []service.Store, redisAddrs []string)
 	}{
-		{"memory", func(b *testing.B) service.Store {
+		{"memory", func(b *testing.B) ([]service.Store, []string) {
 			s := memory.New(memory.Config{})
 			b.Cleanup(s.Close)
-			return s
+			return []service.Store{s}, nil
 		}},
-		{"redis", func(b *testing.B) service.Store {
-			return open(b, redistest.Shared(b).URL(0), redistest.Prefix())
+		{"redis", func(b *testing.B) ([]service.Store, []string) {
+			srv := redistest.Shared(b)
+			return replicas(1, srv.URL(0)), []string{srv.Addr}
+		}},
+		// Three stores over one Redis: three replicas of retryd.
+		{"redis-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+			srv := redistest.Shared(b)
+			return replicas(3, srv.URL(0)), []string{srv.Addr}
+		}},
+		{"redis-partitioned-16-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+			srv := redistest.Shared(b)
+			return replicas(3, srv.URL(0)+"?partitions=16"), []string{srv.Addr}
+		}},
+		{"redis-cluster-3-masters-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+			c := redistest.SharedCluster(b)
+			addrs := make([]string, len(c.Nodes))
+			for i, n := range c.Nodes {
+				addrs[i] = n.Addr
+			}
+			return replicas(3, c.URL()), addrs
 		}},
 	} {
 		b.Run(backend.name, func(b *testing.B) {
-			s := backend.open(b)
+			stores, addrs := backend.open(b)
 			var n atomic.Int64
+			cpu := redisCPU(b, addrs)
 			b.ReportAllocs()
 			b.SetParallelism(32)
+			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := s.FailedStep(context.Background(), failure(fmt.Sprintf("s-%d", n.Add(1)))); err != nil {
+					i := n.Add(1)
+					s := stores[int(i)%len(stores)]
+					if _, err := s.FailedStep(context.Background(), failure(fmt.Sprintf("s-%d", i))); err != nil {
 						b.Fatal(err)
 					}
 				}
 			})
+			b.StopTimer()
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+			if len(addrs) > 0 {
+				b.ReportMetric((redisCPU(b, addrs)-cpu)*1e6/float64(b.N), "redis-cpu-µs/op")
+			}
 		})
 	}
+}
+
+// redisCPU returns the CPU time the Redis servers at addrs used so far, in
+// seconds (INFO cpu: used_cpu_sys + used_cpu_user).
+func redisCPU(b *testing.B, addrs []string) float64 {
+	var total float64
+	for _, addr := range addrs {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		info, err := c.Info(context.Background(), "cpu").Result()
+		c.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			for _, field := range []string{"used_cpu_sys:", "used_cpu_user:"} {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), field); ok {
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						b.Fatal(err)
+					}
+					total += f
+				}
+			}
+		}
+	}
+	return total
 }
 
 // TestTwoStoresOneLog: two stores over one Redis (two replicas) writing

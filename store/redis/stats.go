@@ -14,11 +14,12 @@ var _ service.StatsSource = (*Store)(nil)
 
 // Population gauges. Counting sessions, open chains and pending retries by
 // scanning Redis would cost a SCAN of every key per metrics scrape; instead
-// the transactions that change sessions keep three counters in the hash
-// retryd:stats. A transaction knows each session as it read it (under
-// WATCH) and as it writes it, so it adds the exact difference, with
-// HINCRBY inside the same MULTI/EXEC: the counters change atomically with
-// the sessions, on whichever replica. A scrape reads them with one HMGET.
+// the commits that change sessions keep three counters in the hash
+// retryd:stats (one per partition). A commit knows each session as it read
+// it (and checks it is unchanged) and as it writes it, so it adds the exact
+// difference, with HINCRBY inside the same commit script: the counters
+// change atomically with the sessions, on whichever replica. A scrape reads
+// them with one HMGET per partition.
 //
 // The counters are of the whole Redis (every replica reports the same
 // values: aggregate them with max, not sum); awaiters are the connected
@@ -59,8 +60,8 @@ func (t *txn) delta() population {
 		after.pending - t.before.pending}
 }
 
-// count queues the counters' changes in a MULTI.
-func (s *Store) count(ctx context.Context, pl redis.Pipeliner, p int, d population) {
+// count adds the counters' changes to a commit.
+func (s *Store) count(ctx context.Context, pl *commit, p int, d population) {
 	for _, f := range []struct {
 		name string
 		n    int64

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"time"
 
 	"github.com/retryd/retryd/config"
@@ -19,6 +20,8 @@ import (
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -117,23 +120,27 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}
 
+	// Metrics are read only through the /metrics endpoint: without one the
+	// service records into a no-op provider, which costs nothing per call.
+	var meter metric.MeterProvider = metricnoop.NewMeterProvider()
+	if metricsLis != nil {
+		meter = tel.Meter
+	}
 	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
 		service.WithPolicies(policies), service.WithLogger(log),
-		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(tel.Meter),
+		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(meter),
 		service.WithLimits(c.Limits()))
 	if err != nil {
 		store.stop()
 		return err
 	}
-	opts := limitOptions(c)
-	// otelgrpc's RPC spans and rpc_server_* metrics exist only when someone
-	// can see them: with tracing on, or a /metrics endpoint. Without
-	// either its per-call work (a metadata copy, attribute sets, a
-	// histogram record) would be pure cost.
-	if tel.TracingEnabled || metricsLis != nil {
-		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(
-			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter))))
+	opts, observe, err := rpcTelemetryOptions(tel, metricsLis != nil, getenv)
+	if err != nil {
+		store.stop()
+		return err
 	}
+	opts = append(opts, limitOptions(c, observe)...)
+	opts = append(opts, grpc.ForceServerCodecV2(pooledCodec{}), grpc.NumStreamWorkers(streamWorkers()))
 	if certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
 	}
@@ -152,7 +159,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	// so NOT_SERVING at shutdown shows on both ports.
 	var healthSrv *grpc.Server
 	if healthLis != nil {
-		healthSrv = grpc.NewServer(limitOptions(c)...)
+		healthSrv = grpc.NewServer(limitOptions(c, nil)...)
 		healthpb.RegisterHealthServer(healthSrv, hs)
 	}
 	watchCtx, stopWatching := context.WithCancel(context.Background())
@@ -258,6 +265,41 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	return runErr
 }
 
+// rpcTelemetryOptions are the options that record every call of the main
+// port, and the observer the unary interceptor hands every unary call's
+// end to: both outermost, so that they see the status the caller gets.
+// RPC spans and rpc_server_* metrics exist only when someone can see
+// them: with tracing on, otelgrpc's stats handler records both; with only
+// a /metrics endpoint, telemetry.RPCMetrics records the same
+// rpc.server.call.duration without a stats handler's per-call work
+// (grpc-go copies the incoming metadata and allocates a stats event per
+// phase of every call for one; otelgrpc adds a context value, a
+// propagation extract and two attribute sets). With neither, nothing is
+// recorded.
+func rpcTelemetryOptions(tel *telemetry.Telemetry, metrics bool, getenv func(string) string) ([]grpc.ServerOption, callObserver, error) {
+	switch {
+	case tel.TracingEnabled || metrics && !telemetry.RPCMetricsReplaceOtelgrpc(getenv):
+		return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter)))}, nil, nil
+	case metrics:
+		m, err := telemetry.NewRPCMetrics(tel.Meter)
+		if err != nil {
+			return nil, nil, fmt.Errorf("server: rpc metrics: %w", err)
+		}
+		return []grpc.ServerOption{grpc.ChainStreamInterceptor(m.StreamServerInterceptor())}, m.Record, nil
+	}
+	return nil, nil, nil
+}
+
+// streamWorkers is how many goroutines of the main port run calls. By
+// default grpc-go starts a goroutine per call, whose stack then grows
+// (copied each time it doubles) to the depth of retryd's handlers; a
+// worker keeps its grown stack from one call to the next. A call that
+// finds every worker busy still gets a goroutine of its own, so the
+// number bounds nothing: it only has to cover the calls usually in
+// flight.
+func streamWorkers() uint32 { return uint32(16 * runtime.GOMAXPROCS(0)) }
+
 // openedStore is the configured store with its two steps of shutdown:
 // stop ends its streams and timers before the drain (idempotent), close
 // frees what it holds (the database file) once no call can reach it.
@@ -305,7 +347,7 @@ func openStore(c Config) (*openedStore, error) {
 		}
 		return &openedStore{Store: s, kind: kind, stop: s.Stop, release: s.Close}, nil
 	default:
-		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR, redis://host:port/db or redis://sentinel:26379/db?master_name=NAME"}
+		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR, redis://host:port/db, redis://sentinel:26379/db?master_name=NAME or redis://node:6379?addr=node2:6379 (Cluster)"}
 	}
 }
 

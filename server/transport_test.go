@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,7 +85,33 @@ func TestEveryFlagHasAnEnvName(t *testing.T) {
 
 func TestUnaryTimeout(t *testing.T) {
 	t.Parallel()
-	intercept := unaryTimeout(20 * time.Millisecond)
+	t.Run("alone", func(t *testing.T) {
+		t.Parallel()
+		testUnaryTimeout(t, unaryTimeout(20*time.Millisecond, nil))
+	})
+	t.Run("observed", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu   sync.Mutex
+			seen []codes.Code
+		)
+		testUnaryTimeout(t, unaryTimeout(20*time.Millisecond, func(_ context.Context, method string, began time.Time, err error) {
+			if method != "/test/Wait" || began.IsZero() || time.Since(began) < 0 {
+				t.Errorf("observed %q began %v", method, began)
+			}
+			mu.Lock()
+			seen = append(seen, status.Code(err))
+			mu.Unlock()
+		}))
+		// The observer sees what the caller gets: the converted deadline.
+		want := []codes.Code{codes.DeadlineExceeded, codes.DeadlineExceeded, codes.OK, codes.NotFound}
+		if !slices.Equal(seen, want) {
+			t.Errorf("observed %v, want %v", seen, want)
+		}
+	})
+}
+
+func testUnaryTimeout(t *testing.T, intercept grpc.UnaryServerInterceptor) {
 	info := &grpc.UnaryServerInfo{FullMethod: "/test/Wait"}
 	waitForCtx := func(ctx context.Context, _ any) (any, error) {
 		<-ctx.Done()

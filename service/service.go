@@ -155,7 +155,8 @@ func (s *Service) Observe(ctx context.Context) error {
 
 // FailedStep implements RetryService.FailedStep.
 func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest) (*retrydv1.FailedStepResponse, error) {
-	f, err := s.failure(req)
+	now := s.now()
+	f, err := s.failure(req, now)
 	if err != nil {
 		return nil, err
 	}
@@ -167,12 +168,14 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 		return nil, err
 	}
 	tenantID, _ := SplitSessionID(scope)
-	fh := s.fleets.hook(&f, tenantID, s.now())
+	fh := s.fleets.hook(&f, tenantID, now)
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
 	s.adm.decided(held, out, err)
-	s.fleets.scheduled(ctx, fh, out, err, s.now())
+	if fh != nil {
+		s.fleets.scheduled(ctx, fh, out, err, s.now())
+	}
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),
@@ -187,8 +190,8 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	return unscoped(scope, out.Response), nil
 }
 
-// failure validates req and resolves its policy.
-func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, error) {
+// failure validates req and resolves its policy; now is when it arrived.
+func (s *Service) failure(req *retrydv1.FailedStepRequest, now time.Time) (engine.Failure, error) {
 	var v validator
 	v.sessionID("session_id", req.GetSessionId())
 	v.label("logical_turn_id", req.GetLogicalTurnId(), false)
@@ -236,7 +239,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest) (engine.Failure, erro
 	return engine.Failure{
 		Request:    req,
 		Policy:     p,
-		RetryAfter: policy.ProviderRetryAfter(fl.ProviderRetryAfterMs, fl.RetryAfter, s.now()),
+		RetryAfter: policy.ProviderRetryAfter(fl.ProviderRetryAfterMs, fl.RetryAfter, now),
 	}, nil
 }
 

@@ -77,6 +77,9 @@ type instruments struct {
 	// with, ready to pass to Add: building and sorting a set per call
 	// costs more than the measurement. Bounded like the labels are.
 	labels map[labelKey][]metric.AddOption
+	// decided caches decisionOptions' answers (decisionKey →
+	// *decisionLabels), read without mu.
+	decided sync.Map
 }
 
 // labelKey names one attribute set of one instrument.
@@ -208,14 +211,34 @@ func (t *instruments) addOptionsLocked(k labelKey) []metric.AddOption {
 	return opts
 }
 
+// decisionKey is what a decision's measurements are labelled by.
+type decisionKey struct{ provider, decision, reason, mode string }
+
+// decisionLabels are the provider label of a decision and the options of
+// its attempts and decisions measurements.
+type decisionLabels struct {
+	provider            string
+	attempts, decisions []metric.AddOption
+}
+
 // decisionOptions returns the provider label of a decision and the
-// options of its attempts and decisions measurements, under one lock.
+// options of its attempts and decisions measurements. A decision like one
+// already seen finds them without a lock: the cache holds only providers
+// that keep their own label, so it is bounded like the labels are.
 func (t *instruments) decisionOptions(provider, decision, reason, mode string) (label string, attempts, decisions []metric.AddOption) {
+	k := decisionKey{provider, decision, reason, mode}
+	if l, ok := t.decided.Load(k); ok {
+		dl := l.(*decisionLabels)
+		return dl.provider, dl.attempts, dl.decisions
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	label = t.providerLabelLocked(provider)
 	attempts = t.addOptionsLocked(labelKey{instrument: "attempts", provider: label})
 	decisions = t.addOptionsLocked(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
+	if label == provider || provider == "" {
+		t.decided.Store(k, &decisionLabels{provider: label, attempts: attempts, decisions: decisions})
+	}
 	return label, attempts, decisions
 }
 
@@ -384,6 +407,14 @@ func (t *instruments) dueOf(retryID string) (time.Time, bool) {
 	return due, ok
 }
 
+// forget drops the service's copy of a retry's due time, if it keeps one:
+// for a retry that ended without a start, whose due time no metric needs.
+func (t *instruments) forget(retryID string) {
+	if t.dueSource == nil {
+		delete(t.dues, retryID)
+	}
+}
+
 // observe consumes the store's event log and turns Started and Cancelled
 // events into metrics (with the start lateness: actual start minus due
 // time) and the end of their backoff spans. Only one goroutine runs it; it
@@ -401,9 +432,9 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			case *retrydv1.Event_Scheduled:
 				t.remember(k.Scheduled)
 			case *retrydv1.Event_Started:
-				t.dueOf(k.Started.GetRetryId())
+				t.forget(k.Started.GetRetryId())
 			case *retrydv1.Event_Cancelled:
-				t.dueOf(k.Cancelled.GetRetryId())
+				t.forget(k.Cancelled.GetRetryId())
 			}
 			return nil
 		}
@@ -425,7 +456,7 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			span.End(trace.WithTimestamp(at))
 		case *retrydv1.Event_Cancelled:
 			c := k.Cancelled
-			t.dueOf(c.GetRetryId())
+			t.forget(c.GetRetryId())
 			t.cancelled.Add(ctx, 1, t.addOptions(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())})...)
 			if span := t.takeBackoff(c.GetRetryId()); span != nil {
 				at := ev.GetTime().AsTime()
@@ -474,18 +505,36 @@ func modeLabel(m retrydv1.Mode) string {
 }
 
 // reasonLabels and cancelLabels are the metric labels of the enums' known
-// values, computed once: a label per decision must not cost an allocation.
+// values, indexed by value and computed once: a label per decision must
+// cost neither an allocation nor a map lookup.
 var (
 	reasonLabels = enumLabels(retrydv1.DelegateReason_name, "DELEGATE_REASON_")
 	cancelLabels = enumLabels(retrydv1.CancelReason_name, "CANCEL_REASON_")
 )
 
-func enumLabels(names map[int32]string, prefix string) map[int32]string {
-	out := make(map[int32]string, len(names))
+// maxEnumLabel bounds the enum values enumLabels indexes.
+const maxEnumLabel = 256
+
+func enumLabels(names map[int32]string, prefix string) []string {
+	var out []string
 	for v, name := range names {
+		if v < 0 || v >= maxEnumLabel {
+			continue
+		}
+		if int(v) >= len(out) {
+			out = append(out, make([]string, int(v)+1-len(out))...)
+		}
 		out[v] = trimPrefix(name, prefix)
 	}
 	return out
+}
+
+// enumLabel returns the label of v, or "" when v is not a known value.
+func enumLabel(labels []string, v int32) string {
+	if v >= 0 && int(v) < len(labels) {
+		return labels[v]
+	}
+	return ""
 }
 
 // heldLabel is the reason label of a scheduled decision: the fleet rule
@@ -504,14 +553,14 @@ func heldLabel(src retrydv1.DelaySource) string {
 }
 
 func reasonLabel(r retrydv1.DelegateReason) string {
-	if l, ok := reasonLabels[int32(r)]; ok {
+	if l := enumLabel(reasonLabels, int32(r)); l != "" {
 		return l
 	}
 	return trimPrefix(r.String(), "DELEGATE_REASON_")
 }
 
 func cancelLabel(r retrydv1.CancelReason) string {
-	if l, ok := cancelLabels[int32(r)]; ok {
+	if l := enumLabel(cancelLabels, int32(r)); l != "" {
 		return l
 	}
 	return trimPrefix(r.String(), "CANCEL_REASON_")

@@ -1,0 +1,93 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/store/redis/redistest"
+)
+
+// TestCommitScript: a commit writes only when every check holds — a
+// value, a value's SHA-1 (and absence), a hash's exact fields — and then
+// runs every write; a failed check writes nothing.
+func TestCommitScript(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := context.Background()
+	p := redistest.Prefix()
+	seq, snap, aw, out, stream, ch := p+"seq", p+"snap", p+"aw", p+"out", p+"stream", p+"channel"
+	if err := rdb.Set(ctx, seq, "7", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Set(ctx, snap, "\x00binary\xffsnapshot", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{"R1 tok": "123", "R2 tok2": "456", "R1 a\x00b": "7"}
+	if err := rdb.HSet(ctx, aw, fields).Err(); err != nil {
+		t.Fatal(err)
+	}
+	sub := rdb.Subscribe(ctx, ch)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	build := func(seqWant, snapSum string, awWant map[string]string) *commit {
+		c := newCommit()
+		c.checkValue(seq, seqWant)
+		c.checkSum(snap, snapSum)
+		c.checkSum(p+"absent", "")
+		c.checkHash(aw, awWant)
+		c.Set(ctx, out, []byte("written"), time.Minute)
+		c.HIncrBy(ctx, out+":h", "n", 2)
+		c.XAdd(ctx, stream, 100, "5-0", []byte("event"))
+		c.ZAdd(ctx, out+":z", 1.5, "m")
+		c.HDel(ctx, aw, "R1 a\x00b")
+		c.Publish(ctx, ch, "")
+		return c
+	}
+	good := sum([]byte("\x00binary\xffsnapshot"), true)
+	for name, c := range map[string]*commit{
+		"counter":  build("8", good, fields),
+		"snapshot": build("7", sum([]byte("other"), true), fields),
+		"absent":   build("7", "", fields),
+		"awaiters": build("7", good, map[string]string{"R1 tok": "123", "R2 tok2": "456"}),
+	} {
+		if err := c.run(ctx, rdb); !errors.Is(err, errConflict) {
+			t.Errorf("%s changed: %v, want errConflict", name, err)
+		}
+		if n, err := rdb.Exists(ctx, out, out+":h", stream, out+":z").Result(); err != nil || n != 0 {
+			t.Fatalf("%s changed: %d keys written (%v), want none", name, n, err)
+		}
+	}
+	if err := build("7", good, fields).run(ctx, rdb); err != nil {
+		t.Fatalf("nothing changed: %v", err)
+	}
+	if v, _ := rdb.Get(ctx, out).Result(); v != "written" {
+		t.Errorf("SET: %q", v)
+	}
+	if ttl, _ := rdb.PTTL(ctx, out).Result(); ttl <= 0 || ttl > time.Minute {
+		t.Errorf("SET PX: ttl %v", ttl)
+	}
+	if v, _ := rdb.HGet(ctx, out+":h", "n").Result(); v != "2" {
+		t.Errorf("HINCRBY: %q", v)
+	}
+	if msgs, _ := rdb.XRange(ctx, stream, "-", "+").Result(); len(msgs) != 1 || msgs[0].ID != "5-0" || msgs[0].Values["e"] != "event" {
+		t.Errorf("XADD: %v", msgs)
+	}
+	if z, _ := rdb.ZScore(ctx, out+":z", "m").Result(); z != 1.5 {
+		t.Errorf("ZADD: %v", z)
+	}
+	if ok, _ := rdb.HExists(ctx, aw, "R1 a\x00b").Result(); ok {
+		t.Error("HDEL: the field is still there")
+	}
+	msg, err := sub.ReceiveMessage(ctx)
+	if err != nil || msg.Channel != ch {
+		t.Errorf("PUBLISH: %v %v", msg, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -158,6 +159,7 @@ type trackedSession struct {
 	turn, step uint64
 	phases     uint8
 	last       time.Time // the time of its latest event
+	seq        uint64    // the sequence of its latest event
 }
 
 type trackedChain struct {
@@ -235,12 +237,14 @@ type admission struct {
 	logged   counts // every tenant's
 	reserved counts
 	sessions map[string]*trackedSession // stored session id → active session
-	// ahead maps a session to the reservation of a retry this replica
+	// ahead maps a session to the reservations of retries this replica
 	// scheduled there that the log has not shown yet: for the log's
-	// view, the session has a pending retry.
-	ahead     map[string]*reservation
-	waiting   waitingHeap
-	seen      uint64 // the newest sequence the log showed
+	// view, the session has a pending retry. A reservation ends when the
+	// log shows an event of its session at or after its sequence — not
+	// just any later sequence: a store of several partitions may show a
+	// partition's event late, after later ones of other partitions.
+	ahead     map[string][]*reservation
+	waiting   waitingHeap // every decided reservation, for the timeout
 	nextSweep time.Time
 }
 
@@ -255,7 +259,7 @@ func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.Me
 		awaiting: make(map[string]int),
 		tenants:  make(map[string]*tenantCounts),
 		sessions: make(map[string]*trackedSession),
-		ahead:    make(map[string]*reservation),
+		ahead:    make(map[string][]*reservation),
 	}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
@@ -372,7 +376,7 @@ func (a *admission) admit(f engine.Failure) (*reservation, error) {
 	defer a.mu.Unlock()
 	a.sweep(now)
 	ss := a.sessions[sid]
-	if (ss != nil && ss.pending != "") || a.ahead[sid] != nil {
+	if (ss != nil && ss.pending != "") || len(a.ahead[sid]) > 0 {
 		return nil, nil // a pending retry: refused RETRY_PENDING, or repeated
 	}
 	need := counts{pending: 1}
@@ -482,21 +486,21 @@ func (a *admission) decided(r *reservation, out engine.FailOutcome, err error) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if seq == 0 || seq <= a.seen {
+	if ss := a.sessions[r.session]; seq == 0 || ss != nil && seq <= ss.seq {
 		a.release(r)
 		return
 	}
 	r.seq, r.until = seq, a.now().Add(reservationTimeout)
 	heap.Push(&a.waiting, r)
-	if prev := a.ahead[r.session]; prev == nil || prev.seq < seq {
-		a.ahead[r.session] = r
-	}
+	a.ahead[r.session] = append(a.ahead[r.session], r)
 }
 
 func (a *admission) release(r *reservation) {
 	r.tenant.reserved.add(r.need, -1)
 	a.reserved.add(r.need, -1)
-	if a.ahead[r.session] == r {
+	if rs := slices.DeleteFunc(a.ahead[r.session], func(x *reservation) bool { return x == r }); len(rs) > 0 {
+		a.ahead[r.session] = rs
+	} else {
 		delete(a.ahead, r.session)
 	}
 	a.forgetIdle(r.tenant)
@@ -514,11 +518,15 @@ func (a *admission) observe(ev *retrydv1.Event) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.apply(ev)
-	if seq := ev.GetSequence(); seq > a.seen {
-		a.seen = seq
+	id, seq := ev.GetSessionId(), ev.GetSequence()
+	if ss := a.sessions[id]; ss != nil {
+		ss.seq = max(ss.seq, seq)
 	}
-	for len(a.waiting) > 0 && a.waiting[0].seq <= a.seen {
-		a.release(heap.Pop(&a.waiting).(*reservation))
+	for _, r := range slices.Clone(a.ahead[id]) {
+		if r.seq <= seq {
+			heap.Remove(&a.waiting, r.index)
+			a.release(r)
+		}
 	}
 }
 

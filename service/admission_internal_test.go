@@ -190,6 +190,22 @@ func TestAdmissionReservations(t *testing.T) {
 	}
 	a.observe(log.cancelled("s3", "r3"))
 
+	// A partitioned store may show a session's event after later
+	// sequences of other sessions: the reservation holds until the log
+	// shows its own session's event.
+	r6, _ := a.admit(testFailure(t, "s6", 1, 1, "SERVER", p))
+	ev6 := log.scheduled("s6", "p", "k", "r6", 1, 1, 1)
+	a.decided(r6, scheduledOutcome(ev6), nil)
+	a.observe(log.started("s7", "r7")) // a later sequence, another session
+	if a.reserved.pending != 1 {
+		t.Errorf("after a later event of another session: reserved %+v, want s6's held", a.reserved)
+	}
+	a.observe(ev6)
+	if a.reserved != (counts{}) || a.logged.pending != 1 {
+		t.Errorf("after s6's own event: reserved %+v, held %+v; want it counted once", a.reserved, a.logged)
+	}
+	a.observe(log.cancelled("s6", "r6"))
+
 	// A decision the log never shows is released after the timeout.
 	r4, _ := a.admit(testFailure(t, "s4", 1, 1, "SERVER", p))
 	a.decided(r4, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil)

@@ -5,6 +5,8 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,17 +15,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Commits. A group's transitions are decided in Go on what one pipelined
-// read returned, then written by one server-side script, commitScript,
-// which first checks that nothing it read has changed since — the
-// partition's sequence counter, each session's snapshot (by its SHA-1),
-// each session's awaiter entries and each fleet state read — and only
-// then runs the writes, or none of them. Redis runs a script atomically,
-// so a decision is one atomic server-side script over its partition's slot
-// (with the single layout, over several slots of one Redis). A script that
-// finds a change writes nothing and answers 0: the group is read and
-// decided again, as a WATCH that failed would be (commitGroup). Two round
-// trips per group commit: the read and the script.
+// Commits. A group's transitions are decided in Go on what this replica
+// knows of the keys they depend on (known.go), then written by one
+// server-side script, commitScript, which first checks that those keys
+// still hold what the decision assumed — the partition's sequence counter,
+// each session's snapshot (by its SHA-1), each session's awaiter entries
+// and each fleet state — and only then runs the writes, or none of them.
+// Redis runs a script atomically, so a decision is one atomic server-side
+// script over its partition's slot (with the single layout, over several
+// slots of one Redis). A script that finds a difference writes nothing and
+// answers the current values: the group is decided again on them, as after
+// a failed WATCH (commitGroup). One round trip per group commit when the
+// replica knew right, two when it did not.
 
 // errConflict is a commit whose reads changed before its script ran.
 var errConflict = errors.New("redis store: the state changed since it was read")
@@ -33,6 +36,9 @@ var errConflict = errors.New("redis store: the state changed since it was read")
 // expected), then each write (argument count, command, key index or
 // channel, arguments). Kinds: v, the key's string value ("" when absent);
 // s, the SHA-1 of it; h, a hash's fields and values, sorted, NUL-separated.
+// It answers 1 once written, or {0, current}: current holds every checked
+// key's value (nil when absent, a hash as its HGETALL), for the replica to
+// decide again on (known.go).
 var commitScript = redis.NewScript(`
 local a = 1
 local function arg()
@@ -40,26 +46,33 @@ local function arg()
   a = a + 1
   return v
 end
-for _ = 1, tonumber(arg()) do
+local ok, current = true, {}
+for i = 1, tonumber(arg()) do
   local kind, key, want = arg(), KEYS[tonumber(arg())], arg()
-  local got
-  if kind == 'v' then
-    got = redis.call('GET', key) or ''
-  elseif kind == 's' then
-    local v = redis.call('GET', key)
-    got = v and redis.sha1hex(v) or ''
-  else
-    local kv = redis.call('HGETALL', key)
+  local value, got
+  if kind == 'h' then
+    value = redis.call('HGETALL', key)
     local fields = {}
-    for i = 1, #kv, 2 do
-      fields[#fields + 1] = kv[i] .. '\0' .. kv[i + 1]
+    for j = 1, #value, 2 do
+      fields[#fields + 1] = value[j] .. '\0' .. value[j + 1]
     end
     table.sort(fields)
     got = table.concat(fields, '\0')
+  else
+    value = redis.call('GET', key)
+    if kind == 's' then
+      got = value and redis.sha1hex(value) or ''
+    else
+      got = value or ''
+    end
   end
+  current[i] = value
   if got ~= want then
-    return 0
+    ok = false
   end
+end
+if not ok then
+  return {0, current}
 end
 while a <= #ARGV do
   local n, name = tonumber(arg()), arg()
@@ -81,11 +94,19 @@ type commit struct {
 	keys   []string
 	index  map[string]int
 	checks []any
-	n      int // checks
+	list   []check // the checks, in order
 	writes []any
+	// after is each checked key's value once the writes ran: what the
+	// replica knows of it after a successful commit.
+	after map[string]*knownValue
 }
 
-func newCommit() *commit { return &commit{index: map[string]int{}} }
+// check is one of a commit's checks: its kind and key.
+type check struct{ kind, key string }
+
+func newCommit() *commit {
+	return &commit{index: map[string]int{}, after: map[string]*knownValue{}}
+}
 
 // key returns a key's index in KEYS (1-based, as Lua counts).
 func (c *commit) key(k string) string {
@@ -101,20 +122,23 @@ func (c *commit) key(k string) string {
 // checkValue: the key still holds value ("" for absent).
 func (c *commit) checkValue(k, value string) {
 	c.checks = append(c.checks, "v", c.key(k), value)
-	c.n++
+	c.list = append(c.list, check{"v", k})
+	c.after[k] = &knownValue{raw: value}
 }
 
-// checkSum: the key still holds a value of this SHA-1 (sum of "" for
-// absent).
-func (c *commit) checkSum(k, sum string) {
-	c.checks = append(c.checks, "s", c.key(k), sum)
-	c.n++
+// checkLarge: the key still holds value ("" for absent), compared by
+// SHA-1, so that the value itself does not travel.
+func (c *commit) checkLarge(k, value string) {
+	c.checks = append(c.checks, "s", c.key(k), sum([]byte(value), value != ""))
+	c.list = append(c.list, check{"s", k})
+	c.after[k] = &knownValue{raw: value}
 }
 
 // checkHash: the hash still holds exactly these fields and values.
 func (c *commit) checkHash(k string, fields map[string]string) {
 	c.checks = append(c.checks, "h", c.key(k), canonicalHash(fields))
-	c.n++
+	c.list = append(c.list, check{"h", k})
+	c.after[k] = &knownValue{fields: maps.Clone(fields)}
 }
 
 // sum is what a check of kind s expects of a value read; absent is "".
@@ -145,6 +169,16 @@ func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
 // Set is SET key value [PX ttl].
 func (c *commit) Set(_ context.Context, key string, value any, ttl time.Duration) {
+	if v := c.after[key]; v != nil {
+		switch x := value.(type) {
+		case []byte:
+			v.raw = string(x)
+		case string:
+			v.raw = x
+		default:
+			v.raw = fmt.Sprint(x)
+		}
+	}
 	if ttl > 0 {
 		c.write("SET", key, value, "PX", ms(ttl))
 		return
@@ -156,6 +190,9 @@ func (c *commit) Set(_ context.Context, key string, value any, ttl time.Duration
 func (c *commit) Del(_ context.Context, keys ...string) {
 	for _, k := range keys {
 		c.write("DEL", k)
+		if v := c.after[k]; v != nil {
+			*v = knownValue{}
+		}
 	}
 }
 
@@ -164,6 +201,9 @@ func (c *commit) HDel(_ context.Context, key string, fields ...string) {
 	args := make([]any, len(fields))
 	for i, f := range fields {
 		args[i] = f
+		if v := c.after[key]; v != nil {
+			delete(v.fields, f)
+		}
 	}
 	c.write("HDEL", key, args...)
 }
@@ -196,19 +236,45 @@ func (c *commit) Publish(_ context.Context, channel, message string) {
 	c.writes = append(c.writes, 2, "PUBLISH", channel, message)
 }
 
-// run runs the commit's script: nil once written, errConflict when a check
-// failed (nothing was written), else the error.
-func (c *commit) run(ctx context.Context, rdb redis.Scripter) error {
+// run runs the commit's script: nil once written; errConflict when a
+// check failed (nothing was written), with the checked keys' current
+// values, one per check; else the error.
+func (c *commit) run(ctx context.Context, rdb redis.Scripter) ([]any, error) {
 	args := make([]any, 0, 1+len(c.checks)+len(c.writes))
-	args = append(args, c.n)
+	args = append(args, len(c.list))
 	args = append(args, c.checks...)
 	args = append(args, c.writes...)
-	n, err := commitScript.Run(ctx, rdb, c.keys, args...).Int()
-	switch {
-	case err != nil:
-		return err
-	case n == 0:
-		return errConflict
+	res, err := commitScript.Run(ctx, rdb, c.keys, args...).Result()
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	switch v := res.(type) {
+	case int64:
+		if v == 1 {
+			return nil, nil
+		}
+	case []any:
+		if len(v) == 2 {
+			current, _ := v[1].([]any)
+			return current, errConflict
+		}
+	}
+	return nil, fmt.Errorf("redis store: the commit script answered %v", res)
+}
+
+// remember records in k what the checked keys hold after a successful
+// commit.
+func (c *commit) remember(k *known) {
+	for key, v := range c.after {
+		k.set(key, *v)
+	}
+}
+
+// checkedKeys returns the keys the commit checked.
+func (c *commit) checkedKeys() []string {
+	keys := make([]string, len(c.list))
+	for i, chk := range c.list {
+		keys[i] = chk.key
+	}
+	return keys
 }

@@ -37,11 +37,11 @@ func TestCommitScript(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	build := func(seqWant, snapSum string, awWant map[string]string) *commit {
+	build := func(seqWant, snapWant string, awWant map[string]string) *commit {
 		c := newCommit()
 		c.checkValue(seq, seqWant)
-		c.checkSum(snap, snapSum)
-		c.checkSum(p+"absent", "")
+		c.checkLarge(snap, snapWant)
+		c.checkLarge(p+"absent", "")
 		c.checkHash(aw, awWant)
 		c.Set(ctx, out, []byte("written"), time.Minute)
 		c.HIncrBy(ctx, out+":h", "n", 2)
@@ -51,22 +51,46 @@ func TestCommitScript(t *testing.T) {
 		c.Publish(ctx, ch, "")
 		return c
 	}
-	good := sum([]byte("\x00binary\xffsnapshot"), true)
+	good := "\x00binary\xffsnapshot"
 	for name, c := range map[string]*commit{
 		"counter":  build("8", good, fields),
-		"snapshot": build("7", sum([]byte("other"), true), fields),
+		"snapshot": build("7", "other", fields),
 		"absent":   build("7", "", fields),
 		"awaiters": build("7", good, map[string]string{"R1 tok": "123", "R2 tok2": "456"}),
 	} {
-		if err := c.run(ctx, rdb); !errors.Is(err, errConflict) {
+		current, err := c.run(ctx, rdb)
+		if !errors.Is(err, errConflict) {
 			t.Errorf("%s changed: %v, want errConflict", name, err)
 		}
 		if n, err := rdb.Exists(ctx, out, out+":h", stream, out+":z").Result(); err != nil || n != 0 {
 			t.Fatalf("%s changed: %d keys written (%v), want none", name, n, err)
 		}
+		// The answer holds every checked key's current value, which a
+		// replica then knows.
+		k := newKnown()
+		k.learn(c.list, current)
+		if got := k.get(seq).raw; got != "7" {
+			t.Errorf("%s changed: the counter sent back is %q", name, got)
+		}
+		if got := k.get(snap).raw; got != good {
+			t.Errorf("%s changed: the snapshot sent back is %q", name, got)
+		}
+		if got := k.get(p + "absent"); got.raw != "" || got.fields != nil {
+			t.Errorf("%s changed: the absent key sent back is %v", name, got)
+		}
+		if got := k.get(aw).fields; canonicalHash(got) != canonicalHash(fields) {
+			t.Errorf("%s changed: the hash sent back is %v", name, got)
+		}
 	}
-	if err := build("7", good, fields).run(ctx, rdb); err != nil {
+	c := build("7", good, fields)
+	if _, err := c.run(ctx, rdb); err != nil {
 		t.Fatalf("nothing changed: %v", err)
+	}
+	// What the replica knows afterwards: the writes to checked keys.
+	k := newKnown()
+	c.remember(k)
+	if got := k.get(aw).fields; len(got) != 2 || got["R1 a\x00b"] != "" {
+		t.Errorf("after HDEL the replica knows the hash as %v", got)
 	}
 	if v, _ := rdb.Get(ctx, out).Result(); v != "written" {
 		t.Errorf("SET: %q", v)

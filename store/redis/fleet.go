@@ -39,39 +39,34 @@ func decodeFleet(cmd *redis.StringCmd) (*fleet.ProviderState, error) {
 	case err != nil:
 		return nil, unavailable("reading fleet state", err)
 	}
+	return decodeFleetJSON(b), nil
+}
+
+// decodeFleetJSON decodes a stored state; empty is the fresh state.
+func decodeFleetJSON(b []byte) *fleet.ProviderState {
+	st := &fleet.ProviderState{}
+	if len(b) == 0 {
+		return st
+	}
 	if err := json.Unmarshal(b, st); err != nil {
 		// Damaged state is replaced by a fresh one rather than blocking
 		// every decision of the provider: it only ever protects.
-		return &fleet.ProviderState{}, nil
+		return &fleet.ProviderState{}
 	}
-	return st, nil
+	return st
 }
 
-// loadFleets reads the fleet states a group's failures decide with.
-func (s *Store) loadFleets(ctx context.Context, c *commit, part int, keys []string) (map[string]*fleet.ProviderState, error) {
+// recallFleets returns the fleet states a group's failures decide with, as
+// this replica knows them, and adds their checks to c.
+func (s *Store) recallFleets(c *commit, part int, keys []string) map[string]*fleet.ProviderState {
 	if len(keys) == 0 {
-		return nil, nil
-	}
-	cmds := make([]*redis.StringCmd, len(keys))
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = p.Get(ctx, s.keys.fleetKey(part, k))
-		}
 		return nil
-	})
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, unavailable("reading fleet state", err)
 	}
 	out := make(map[string]*fleet.ProviderState, len(keys))
-	for i, k := range keys {
-		st, err := decodeFleet(cmds[i])
-		if err != nil {
-			return nil, err
-		}
-		c.checkValue(s.keys.fleetKey(part, k), cmds[i].Val())
-		out[k] = st
+	for _, k := range keys {
+		s.recallFleet(c, part, out, k)
 	}
-	return out, nil
+	return out
 }
 
 // writeFleets adds the group's fleet states to its commit.
@@ -134,20 +129,17 @@ var _ service.GatedStore = (*Store)(nil)
 // lets it.
 func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
 
-// watchFleet reads a fleet state the group did not read up front (a due
-// retry's provider), watching its key first so that the transaction fails
-// if another replica changes it meanwhile.
-func (s *Store) watchFleet(ctx context.Context, c *commit, part int, states map[string]*fleet.ProviderState, key string) (*fleet.ProviderState, error) {
+// recallFleet returns a fleet state as this replica knows it (one the
+// group needs, or a due retry's provider's for the start gate), and adds
+// its check to c, once per key.
+func (s *Store) recallFleet(c *commit, part int, states map[string]*fleet.ProviderState, key string) *fleet.ProviderState {
 	if st := states[key]; st != nil {
-		return st, nil
+		return st
 	}
 	k := s.keys.fleetKey(part, key)
-	cmd := s.rdb.Get(ctx, k)
-	st, err := decodeFleet(cmd)
-	if err != nil {
-		return nil, err
-	}
-	c.checkValue(k, cmd.Val())
+	raw := s.known.get(k).raw
+	c.checkValue(k, raw)
+	st := decodeFleetJSON([]byte(raw))
 	states[key] = st
-	return st, nil
+	return st
 }

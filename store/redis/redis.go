@@ -170,6 +170,7 @@ type Store struct {
 	target *target // where rdb points (url.go)
 	rdb    redis.UniversalClient
 	keys   layout
+	known  *known // what this replica knows of the keys commits check
 	pubsub *redis.PubSub
 	notify *notifier
 	// queues[p] holds partition p's transitions waiting for a group
@@ -227,7 +228,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.RequireAppendFsyncAlways {
 		onConnect = requireDurable(target.String())
 	}
-	s := &Store{cfg: cfg, target: target, rdb: target.client(onConnect), notify: newNotifier(), closing: make(chan struct{})}
+	s := &Store{cfg: cfg, target: target, rdb: target.client(onConnect), known: newKnown(),
+		notify: newNotifier(), closing: make(chan struct{})}
 	if err := s.check(ctx); err != nil {
 		s.rdb.Close()
 		return nil, err
@@ -535,21 +537,17 @@ type loaded struct {
 	expired  []string
 	// damaged is why a session's data could not be read.
 	damaged error
-	// sum is the SHA-1 of the snapshot read ("" when absent), fields the
-	// awaiter entries read: what the commit checks (commit.go).
-	sum    string
+	// fields are the awaiter entries read.
 	fields map[string]string
 }
 
-// load reads sessions with their awaiter counts, and the sequence
-// counter. A session whose data is damaged is nil, with its error in
-// damaged.
-func (s *Store) load(ctx context.Context, p int, ids []string) (out []loaded, last uint64, lastRaw string, err error) {
+// load reads sessions with their awaiter counts (GetChains, AwaitRetry:
+// a commit decides on what the replica knows instead, see recall). A
+// session whose data is damaged is nil, with its error in damaged.
+func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
 	gets := make([]*redis.StringCmd, len(ids))
 	aws := make([]*redis.MapStringStringCmd, len(ids))
-	var seq *redis.StringCmd
-	_, err = s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-		seq = pl.Get(ctx, s.keys.seqKey(p))
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for i, id := range ids {
 			gets[i] = pl.Get(ctx, s.keys.sessionKey(id))
 			aws[i] = pl.HGetAll(ctx, s.keys.awaitersKey(id))
@@ -557,49 +555,67 @@ func (s *Store) load(ctx context.Context, p int, ids []string) (out []loaded, la
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, 0, "", unavailable("reading sessions", err)
-	}
-	if v, err := seq.Uint64(); err == nil {
-		last, lastRaw = v, seq.Val()
-	} else if !errors.Is(err, redis.Nil) {
-		return nil, 0, "", unavailable("reading the sequence", err)
+		return nil, unavailable("reading sessions", err)
 	}
 	// Leases are wall-clock times of the replicas, not the decision clock.
 	now := time.Now().UnixMilli()
+	out := make([]loaded, len(ids))
+	for i, id := range ids {
+		b, err := gets[i].Bytes()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, unavailable("reading session", err)
+		}
+		out[i] = decodeSession(id, b, aws[i].Val(), now)
+	}
+	return out, nil
+}
+
+// decodeSession makes a loaded session of its snapshot (nil or empty: no
+// session) and awaiter entries; leases are compared with now (unix ms).
+func decodeSession(id string, b []byte, fields map[string]string, now int64) loaded {
+	l := loaded{fields: fields}
+	l.awaiters, l.expired = countAwaiters(fields, now)
+	if len(b) == 0 {
+		return l
+	}
+	snap := &statev1.Session{}
+	if err := proto.Unmarshal(b, snap); err != nil {
+		l.damaged = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
+		return l
+	}
+	sess, err := engine.RestoreSession(snap)
+	if err != nil {
+		l.damaged = fmt.Errorf("redis store: %w", err)
+		return l
+	}
+	for _, r := range sess.Retries() {
+		r.Awaiters = int(l.awaiters[r.ID])
+	}
+	l.sess = sess
+	return l
+}
+
+// recall makes the group's sessions of what this replica knows of them
+// (known.go), and adds the checks that what it knows still holds — of
+// their keys and of the partition's counter — to c.
+func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint64) {
+	counter := s.known.get(s.keys.seqKey(p)).raw
+	c.checkValue(s.keys.seqKey(p), counter)
+	now := time.Now().UnixMilli()
 	out = make([]loaded, len(ids))
 	for i, id := range ids {
-		l := &out[i]
-		l.fields = aws[i].Val()
-		l.awaiters, l.expired = countAwaiters(l.fields, now)
-		b, err := gets[i].Bytes()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
-			return nil, 0, "", unavailable("reading session", err)
-		}
-		l.sum = sum(b, true)
-		snap := &statev1.Session{}
-		if err := proto.Unmarshal(b, snap); err != nil {
-			l.damaged = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
-			continue
-		}
-		sess, err := engine.RestoreSession(snap)
-		if err != nil {
-			l.damaged = fmt.Errorf("redis store: %w", err)
-			continue
-		}
-		for _, r := range sess.Retries() {
-			r.Awaiters = int(l.awaiters[r.ID])
-		}
-		l.sess = sess
+		snap := s.known.get(s.keys.sessionKey(id)).raw
+		fields := s.known.get(s.keys.awaitersKey(id)).fields
+		c.checkLarge(s.keys.sessionKey(id), snap)
+		c.checkHash(s.keys.awaitersKey(id), fields)
+		out[i] = decodeSession(id, []byte(snap), fields, now)
 	}
-	return out, last, lastRaw, nil
+	return out, counterValue(counter)
 }
 
 // loadOne reads one session (nil when it does not exist).
 func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
-	out, _, _, err := s.load(ctx, s.keys.partition(id), []string{id})
+	out, err := s.load(ctx, []string{id})
 	if err != nil {
 		return nil, err
 	}
@@ -619,21 +635,15 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			ids = append(ids, r.id)
 		}
 	}
-	sessions, last, lastRaw, err := s.load(ctx, p, ids)
-	if err != nil {
-		return err
-	}
+	c := newCommit()
+	sessions, last := s.recall(c, p, ids)
 	var fleetKeys []string
 	for _, r := range group {
 		if r.fleet != "" && !slices.Contains(fleetKeys, r.fleet) {
 			fleetKeys = append(fleetKeys, r.fleet)
 		}
 	}
-	c := newCommit()
-	fleets, err := s.loadFleets(ctx, c, p, fleetKeys)
-	if err != nil {
-		return err
-	}
+	fleets := s.recallFleets(c, p, fleetKeys)
 	env := s.env(p)
 	var gateErr error
 	if g := s.gate.Load(); g != nil {
@@ -645,12 +655,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			if !ok {
 				return time.Time{}, false
 			}
-			st, err := s.watchFleet(ctx, c, p, fleets, key)
-			if err != nil {
-				gateErr = err
-				return now.Add(pollInterval), true
-			}
-			return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), st, now)
+			return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), s.recallFleet(c, p, fleets, key), now)
 		}
 	}
 	txns := make([]*txn, len(ids))
@@ -681,26 +686,46 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	if seq == base {
 		seq = last // no events: the counter stays
 	}
-	if !write {
+	// Even a group that writes nothing runs the script, with its checks
+	// alone: its answers (a repeated report's, a refusal) were decided on
+	// what this replica knew, which the checks confirm.
+	if write {
+		if err := s.writeAll(ctx, c, p, txns, fleets, seq, last); err != nil {
+			return err
+		}
+	}
+	switch current, err := c.run(ctx, s.rdb); {
+	case err == nil:
+		c.remember(s.known)
+		for _, t := range txns {
+			if t.sess != nil {
+				t.sess.Commit()
+			}
+		}
 		return nil
+	case errors.Is(err, errConflict):
+		s.known.learn(c.list, current)
+		return err
+	default:
+		// Whether the script ran is unknown: so are the keys' values.
+		s.known.forget(c.checkedKeys())
+		return unavailable("writing sessions", err)
 	}
-	snaps := make([][]byte, len(txns))
-	for i, t := range txns {
-		if !t.save || t.sess == nil {
-			continue
-		}
-		if snaps[i], err = proto.Marshal(t.sess.Snapshot()); err != nil {
-			return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
-		}
-	}
-	c.checkValue(s.keys.seqKey(p), lastRaw)
-	for i, t := range txns {
-		c.checkSum(s.keys.sessionKey(t.id), sessions[i].sum)
-		c.checkHash(s.keys.awaitersKey(t.id), sessions[i].fields)
-	}
+}
+
+// writeAll adds a group's writes to its commit: the sessions' (see
+// write), the counter, the fleet states and the population counters.
+func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets map[string]*fleet.ProviderState, seq, last uint64) error {
 	var pop population
-	for i, t := range txns {
-		if err := s.write(ctx, c, p, t, snaps[i]); err != nil {
+	for _, t := range txns {
+		var snap []byte
+		if t.save && t.sess != nil {
+			var err error
+			if snap, err = proto.Marshal(t.sess.Snapshot()); err != nil {
+				return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
+			}
+		}
+		if err := s.write(ctx, c, p, t, snap); err != nil {
 			return err
 		}
 		pop = pop.add(t.delta())
@@ -712,19 +737,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		return err
 	}
 	s.count(ctx, c, p, pop)
-	switch err := c.run(ctx, s.rdb); {
-	case err == nil:
-		for _, t := range txns {
-			if t.sess != nil {
-				t.sess.Commit()
-			}
-		}
-		return nil
-	case errors.Is(err, errConflict):
-		return err
-	default:
-		return unavailable("writing sessions", err)
-	}
+	return nil
 }
 
 // keyTTL is how long Redis keeps a session's keys after a write. Expiry

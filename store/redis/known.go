@@ -1,0 +1,106 @@
+package redis
+
+import (
+	"strconv"
+	"sync"
+)
+
+// What a replica knows. A commit does not read before it decides: it
+// decides on what this replica last knew of every key its script checks —
+// the value it last wrote there, or the current value a failed check sent
+// back — and a key it knows nothing of counts as absent (a new session,
+// no awaiters, a fresh fleet state). The script's checks make that safe:
+// when anything differs, the script writes nothing and answers the current
+// values of every key it checked, which replace what the replica knew, and
+// the group is decided again (commitGroup). So a commit costs one round
+// trip when this replica wrote the keys last — a session's next step on
+// the replica that decided its last one, or a new session — and two when
+// another replica (or an awaiter, or an expiry) changed one since, as many
+// as a read before every commit would cost.
+//
+// known is bounded: past maxKnown keys it forgets some at random, which
+// costs only a round trip later.
+type known struct {
+	mu     sync.Mutex
+	values map[string]knownValue
+}
+
+// maxKnown bounds how many keys a replica remembers.
+const maxKnown = 1 << 15
+
+// knownValue is a key's value as last seen: raw for a string ("" when
+// absent), fields for a hash.
+type knownValue struct {
+	raw    string
+	fields map[string]string
+}
+
+func newKnown() *known { return &known{values: map[string]knownValue{}} }
+
+// get returns what is known of key (the zero value: absent).
+func (k *known) get(key string) knownValue {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.values[key]
+}
+
+// set records key's value; an absent key (raw "" and no fields) is
+// forgotten, which is the same.
+func (k *known) set(key string, v knownValue) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if v.raw == "" && len(v.fields) == 0 {
+		delete(k.values, key)
+		return
+	}
+	if _, ok := k.values[key]; !ok && len(k.values) >= maxKnown {
+		n := 0
+		for old := range k.values { // map order is random
+			delete(k.values, old)
+			if n++; n >= maxKnown/8 {
+				break
+			}
+		}
+	}
+	k.values[key] = v
+}
+
+// forget drops what is known of keys (after an error that leaves their
+// values unknown).
+func (k *known) forget(keys []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, key := range keys {
+		delete(k.values, key)
+	}
+}
+
+// learn records the current values a failed commit script sent back, one
+// per check, in the order of the checks.
+func (k *known) learn(checks []check, current []any) {
+	for i, c := range checks {
+		if i >= len(current) {
+			return
+		}
+		switch c.kind {
+		case "h":
+			flat, _ := current[i].([]any)
+			fields := make(map[string]string, len(flat)/2)
+			for j := 0; j+1 < len(flat); j += 2 {
+				f, _ := flat[j].(string)
+				v, _ := flat[j+1].(string)
+				fields[f] = v
+			}
+			k.set(c.key, knownValue{fields: fields})
+		default:
+			raw, _ := current[i].(string)
+			k.set(c.key, knownValue{raw: raw})
+		}
+	}
+}
+
+// counter parses a sequence counter's value (0 when absent).
+func counterValue(raw string) uint64 {
+	n, _ := strconv.ParseUint(raw, 10, 64)
+	return n
+}

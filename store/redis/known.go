@@ -1,8 +1,13 @@
 package redis
 
 import (
+	"context"
+	"errors"
 	"strconv"
 	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // What a replica knows. A commit does not read before it decides: it
@@ -17,6 +22,13 @@ import (
 // the replica that decided its last one, or a new session — and two when
 // another replica (or an awaiter, or an expiry) changed one since, as many
 // as a read before every commit would cost.
+//
+// Contention. Where other replicas commit to the same partition, what a
+// replica knows of the partition's counter is usually out of date, and a
+// commit on it would mostly run its script twice, which costs Redis more
+// than a read. So after a conflict a replica reads a partition's keys
+// first (one pipelined read, then the script) for contendedFor; a replica
+// alone on its partitions stays at one round trip.
 //
 // known is bounded: past maxKnown keys it forgets some at random, which
 // costs only a round trip later.
@@ -97,6 +109,58 @@ func (k *known) learn(checks []check, current []any) {
 			k.set(c.key, knownValue{raw: raw})
 		}
 	}
+}
+
+// contendedFor is how long a partition's commits read first after a
+// conflict.
+const contendedFor = time.Second
+
+// conflicted notes a conflict of a commit to partition p.
+func (s *Store) conflicted(p int) {
+	s.contention[p].Store(time.Now().Add(contendedFor).UnixNano())
+}
+
+// contended reports whether commits to partition p read first.
+func (s *Store) contended(p int) bool {
+	return time.Now().UnixNano() < s.contention[p].Load()
+}
+
+// refresh reads the keys a group's commit will check — the partition's
+// counter, the sessions' snapshots and awaiter entries, the fleet states —
+// into what the replica knows.
+func (s *Store) refresh(ctx context.Context, p int, ids, fleetKeys []string) error {
+	keys := []string{s.keys.seqKey(p)}
+	for _, k := range fleetKeys {
+		keys = append(keys, s.keys.fleetKey(p, k))
+	}
+	for _, id := range ids {
+		keys = append(keys, s.keys.sessionKey(id))
+	}
+	gets := make([]*redis.StringCmd, len(keys))
+	aws := make([]*redis.MapStringStringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for i, k := range keys {
+			gets[i] = pl.Get(ctx, k)
+		}
+		for i, id := range ids {
+			aws[i] = pl.HGetAll(ctx, s.keys.awaitersKey(id))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return unavailable("reading", err)
+	}
+	for i, k := range keys {
+		v, err := gets[i].Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return unavailable("reading", err)
+		}
+		s.known.set(k, knownValue{raw: v})
+	}
+	for i, id := range ids {
+		s.known.set(s.keys.awaitersKey(id), knownValue{fields: aws[i].Val()})
+	}
+	return nil
 }
 
 // counter parses a sequence counter's value (0 when absent).

@@ -171,8 +171,11 @@ type Store struct {
 	rdb    redis.UniversalClient
 	keys   layout
 	known  *known // what this replica knows of the keys commits check
-	pubsub *redis.PubSub
-	notify *notifier
+	// contention[p] is until when commits to partition p read first
+	// (unix nanoseconds; see known.go).
+	contention []atomic.Int64
+	pubsub     *redis.PubSub
+	notify     *notifier
 	// queues[p] holds partition p's transitions waiting for a group
 	// commit (see update).
 	queues []*queue
@@ -234,6 +237,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		s.rdb.Close()
 		return nil, err
 	}
+	s.contention = make([]atomic.Int64, s.keys.partitions())
 	s.queues = make([]*queue, s.keys.partitions())
 	for p := range s.queues {
 		s.queues[p] = &queue{}
@@ -635,14 +639,19 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			ids = append(ids, r.id)
 		}
 	}
-	c := newCommit()
-	sessions, last := s.recall(c, p, ids)
 	var fleetKeys []string
 	for _, r := range group {
 		if r.fleet != "" && !slices.Contains(fleetKeys, r.fleet) {
 			fleetKeys = append(fleetKeys, r.fleet)
 		}
 	}
+	if s.contended(p) {
+		if err := s.refresh(ctx, p, ids, fleetKeys); err != nil {
+			return err
+		}
+	}
+	c := newCommit()
+	sessions, last := s.recall(c, p, ids)
 	fleets := s.recallFleets(c, p, fleetKeys)
 	env := s.env(p)
 	var gateErr error
@@ -705,6 +714,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		return nil
 	case errors.Is(err, errConflict):
 		s.known.learn(c.list, current)
+		s.conflicted(p)
 		return err
 	default:
 		// Whether the script ran is unknown: so are the keys' values.

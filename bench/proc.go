@@ -164,6 +164,46 @@ func procCPU(pid int) (float64, error) {
 	return float64(utime+stime) / userHZ, nil
 }
 
+// runQueueWait is how long the process's threads have spent runnable but
+// waiting for a CPU, summed over its threads (the second field of
+// /proc/<pid>/task/<tid>/schedstat): the time the kernel gave to other
+// processes, or to the process's other threads, while this one had work.
+// Threads that have exited no longer count.
+func runQueueWait(pid int) (time.Duration, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, fmt.Errorf("reading the threads of pid %d: %w", pid, err)
+	}
+	var sum time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
+		if err != nil {
+			continue // the thread exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 2 {
+			return 0, fmt.Errorf("%s/%s/schedstat: %q", dir, t.Name(), b)
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s/schedstat: %w", dir, t.Name(), err)
+		}
+		sum += time.Duration(ns)
+	}
+	return sum, nil
+}
+
+// loadAverage is the machine's 1-minute load average (/proc/loadavg), or
+// "?".
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
 // freeLoopbackAddr reserves a loopback port by listening and closing; for
 // servers (gubernator) that cannot report the port they bound.
 func freeLoopbackAddr() (string, error) {

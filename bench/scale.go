@@ -54,6 +54,9 @@ type ScaleConfig struct {
 	ProfileDir string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+	// Env are extra KEY=VALUE environment variables of the scale parts'
+	// retryd (--retryd-env: GOGC, GOMEMLIMIT).
+	Env []string
 }
 
 // ChainPoint is one checkpoint of the chains part.
@@ -83,6 +86,13 @@ type AwaitResult struct {
 	Server, Client []time.Duration
 	Errors         int64
 	FirstError     string
+	// From the first due time until every stream got its Started: the
+	// window's wall time, retryd's CPU time, the time its threads waited
+	// for a CPU while runnable (Linux schedstat), and the machine's load
+	// average at its end. Zero when not measured.
+	Window, WindowRunWait time.Duration
+	WindowCPU             float64 // seconds
+	WindowLoad            string
 }
 
 // RunScale runs the parts cfg asks for.
@@ -130,7 +140,7 @@ var admissionFlags = []string{
 // startScaleRetryd starts a retryd for one part: memory store, tracing
 // off, metrics on (its heap figures are read from /metrics), admission
 // bounds lifted, up to 1 000 000 concurrent streams per connection.
-func startScaleRetryd(ctx context.Context, bin string, extra ...string) (*process, error) {
+func startScaleRetryd(ctx context.Context, bin string, env []string, extra ...string) (*process, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json",
 		"--log-level", "info", "--metrics-listen", "127.0.0.1:0"}, extra...)
 	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
@@ -143,7 +153,7 @@ func startScaleRetryd(ctx context.Context, bin string, extra ...string) (*proces
 		}
 	}
 	return startServing(ctx, "retryd", bin, args,
-		[]string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="})
+		append([]string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}, env...))
 }
 
 // longPolicy keeps a scheduled retry pending for an hour: a chain that
@@ -155,7 +165,7 @@ var longPolicy = &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
 // due in an hour) through gRPC up to each checkpoint and reads retryd's
 // memory there, after a short settle.
 func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer) ([]ChainPoint, error) {
-	p, err := startScaleRetryd(ctx, bin)
+	p, err := startScaleRetryd(ctx, bin, cfg.Env)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +241,7 @@ func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer)
 // it is scheduled, and records when each Started is stamped and arrives.
 func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer) (*AwaitResult, error) {
 	n := cfg.Awaiters
-	p, err := startScaleRetryd(ctx, bin)
+	p, err := startScaleRetryd(ctx, bin, cfg.Env)
 	if err != nil {
 		return nil, err
 	}
@@ -386,7 +396,31 @@ func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Write
 			fail(fmt.Errorf("load: %d errors, first: %s", st.errors, st.firstError))
 		}
 	}
+	type sample struct {
+		at   time.Time
+		cpu  float64
+		wait time.Duration
+		err  error
+	}
+	windowStart := make(chan sample, 1)
+	go func() {
+		time.Sleep(time.Until(firstDue))
+		var s sample
+		s.at = time.Now()
+		if s.cpu, s.err = p.cpuSeconds(); s.err == nil {
+			s.wait, s.err = runQueueWait(p.cmd.Process.Pid)
+		}
+		windowStart <- s
+	}()
 	awaiting.Wait()
+	if start := <-windowStart; start.err == nil && time.Since(start.at) > 0 {
+		cpu, err1 := p.cpuSeconds()
+		wait, err2 := runQueueWait(p.cmd.Process.Pid)
+		if err1 == nil && err2 == nil {
+			res.Window, res.WindowCPU, res.WindowRunWait = time.Since(start.at), cpu-start.cpu, wait-start.wait
+			res.WindowLoad = loadAverage()
+		}
+	}
 	if err := <-profiled; err != nil {
 		return res, err
 	}
@@ -524,6 +558,10 @@ func WriteScaleTable(w io.Writer, cfg ScaleConfig, points []ChainPoint, aw *Awai
 			fmt.Fprintf(&b, " (first: %s)", aw.FirstError)
 		}
 		b.WriteString(".\n")
+		if aw.Window > 0 {
+			fmt.Fprintf(&b, "\nDue window (first due time → last Started, %v): retryd used %.2f s of CPU (%.2f cores); its threads waited %.2f s runnable for a CPU (schedstat); machine load average at its end %s.\n",
+				aw.Window.Round(time.Millisecond), aw.WindowCPU, aw.WindowCPU/aw.Window.Seconds(), aw.WindowRunWait.Seconds(), aw.WindowLoad)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

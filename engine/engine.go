@@ -94,8 +94,20 @@ type Chain struct {
 	Latest  *Retry
 	Updated time.Time
 	// attempts are the W3C traceparents of the chain's failed attempts,
-	// oldest first, at most MaxChainAttempts.
-	attempts []string
+	// oldest first, at most MaxChainAttempts; nil when there are none.
+	// The slice is never modified in place (a new attempt replaces it), so
+	// a Checkpoint shares it, and a chain costs one pointer, not a slice
+	// header, for it.
+	attempts *[]string
+}
+
+// attemptList returns the chain's attempt traceparents, oldest first;
+// callers must not modify the slice.
+func (c *Chain) attemptList() []string {
+	if c.attempts == nil {
+		return nil
+	}
+	return *c.attempts
 }
 
 // Retry is one scheduled retry.
@@ -105,6 +117,7 @@ type Retry struct {
 	Scheduled *retrydv1.RetryScheduled
 	Due       time.Time
 	Status    retrydv1.RetryStatus
+	committed bool // terminal, and Commit released it (packed beside Status)
 	Started   *retrydv1.RetryStarted
 	Cancelled *retrydv1.RetryCancelled
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
@@ -115,9 +128,8 @@ type Retry struct {
 	// done is made by the first Done call of a retry that is not yet
 	// committed terminal, closed by Commit and then dropped: a retry
 	// nobody awaits never has a channel, a settled one no longer holds it.
-	done      chan struct{}
-	committed bool // terminal, and Commit released it
-	chain     *Chain
+	done  chan struct{}
+	chain *Chain
 }
 
 // closedDone is the Done channel of every committed terminal retry.
@@ -171,21 +183,70 @@ func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 // it) and not the response: a FailedStepResponse is that event plus a
 // decision whose every field is also in the event, so responseOf rebuilds
 // it, and an idle session does not hold a second copy of its decision.
+//
+// Once committed, a record of a scheduled decision drops even the event:
+// the event is the session's id, its time, its sequence and the retry's
+// RetryScheduled (which the retry keeps anyway), so the record keeps the
+// time and the sequence and rebuilds an equal event when it is asked
+// (compact). Every pending chain has such a record, so this is what a
+// million pending chains do not hold: an event, its oneof and its
+// timestamp.
 type stepRecord struct {
-	phase       retrydv1.Downstream
 	fingerprint [sha256.Size]byte
-	event       *retrydv1.Event
+	phase       retrydv1.Downstream
+	nanos       int32 // compact: the event's time, nanoseconds part
+	// event is the decision's event, nil once compact.
+	event *retrydv1.Event
 	// response is set only for a restored record whose stored response is
 	// not the one responseOf builds; it is answered as stored.
 	response *retrydv1.FailedStepResponse
+	// scheduled, seq and secs (with nanos) are a compact record's event:
+	// its RetryScheduled, sequence and time.
+	scheduled *retrydv1.RetryScheduled
+	seq       uint64
+	secs      int64
 }
 
 // Response is the recorded answer.
-func (r *stepRecord) Response() *retrydv1.FailedStepResponse {
+func (r *stepRecord) Response(sessionID string) *retrydv1.FailedStepResponse {
 	if r.response != nil {
 		return r.response
 	}
-	return responseOf(r.event)
+	return responseOf(r.eventOf(sessionID))
+}
+
+// eventOf returns the record's event, rebuilt when the record is compact.
+func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
+	if r.event != nil {
+		return r.event
+	}
+	x := new(struct { // the event, its oneof and its time: one allocation
+		ev   retrydv1.Event
+		kind retrydv1.Event_Scheduled
+		time timestamppb.Timestamp
+	})
+	x.time.Seconds, x.time.Nanos = r.secs, r.nanos
+	x.kind.Scheduled = r.scheduled
+	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = r.seq, sessionID, &x.time, &x.kind
+	return &x.ev
+}
+
+// compact drops the event of a committed record of a scheduled decision
+// (see stepRecord). An event the engine did not build as it would rebuild
+// it (a restored one, say, with fields a newer version wrote) is kept.
+func (r *stepRecord) compact(sessionID string) {
+	ev := r.event
+	if ev == nil || r.response != nil || ev.GetSessionId() != sessionID || ev.GetTime() == nil {
+		return
+	}
+	k, ok := ev.GetKind().(*retrydv1.Event_Scheduled)
+	if !ok || k.Scheduled == nil || len(ev.ProtoReflect().GetUnknown()) > 0 ||
+		len(ev.GetTime().ProtoReflect().GetUnknown()) > 0 {
+		return
+	}
+	r.scheduled, r.seq = k.Scheduled, ev.GetSequence()
+	r.secs, r.nanos = ev.GetTime().GetSeconds(), ev.GetTime().GetNanos()
+	r.event = nil
 }
 
 // responseOf builds the FailedStepResponse of a decision from its event (a
@@ -252,10 +313,11 @@ type Session struct {
 	delegation *position // always mode: a downstream_first answer awaiting its follow-up
 	cancelled  *position // a delegation cancelled at this position
 	retries    []*Retry  // oldest first, at most MaxRetainedRetries
-	settled    []*Retry  // terminal since the last Commit; not yet released
-	// stamp is the timestamp of the latest event, shared by the events
-	// (and Started records) of transitions at the same instant.
-	stamp *timestamppb.Timestamp
+	// settled are the retries terminal since the last Commit, not yet
+	// released; made by the first Start or Cancel and then reused (a
+	// pointer, as most sessions in memory are waiting for a retry and never
+	// settled one: it keeps Session in a smaller size class).
+	settled *[]*Retry
 }
 
 // NewSession returns an empty session.
@@ -308,15 +370,12 @@ func (s *Session) clearRecords() {
 	s.records = s.records[:0]
 }
 
-// timestamp returns now as a message, the same one as for the session's
-// previous event when that happened at the same instant. Messages in
-// records are never modified, so sharing one is safe.
-func (s *Session) timestamp(now time.Time) *timestamppb.Timestamp {
-	if ts := s.stamp; ts != nil && ts.GetSeconds() == now.Unix() && ts.GetNanos() == int32(now.Nanosecond()) {
-		return ts
+// settle notes that r became terminal, for the next Commit to release.
+func (s *Session) settle(r *Retry) {
+	if s.settled == nil {
+		s.settled = new([]*Retry)
 	}
-	s.stamp = timestamppb.New(now)
-	return s.stamp
+	*s.settled = append(*s.settled, r)
 }
 
 // Pending returns the session's scheduled retry that has not yet started or
@@ -418,7 +477,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 					"turn %d step %d (downstream %s) was already reported with different content",
 					pos.turn, pos.step, phase)
 			}
-			return FailOutcome{Response: rec.Response()}, nil
+			return FailOutcome{Response: rec.Response(s.ID)}, nil
 		}
 	}
 	if s.seen && pos.less(s.latest) {
@@ -457,7 +516,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 		var used uint32
 		if chain != nil && chain.Open {
 			used = chain.Retries
-			out.PreviousAttempts = slices.Clone(chain.attempts)
+			out.PreviousAttempts = slices.Clone(chain.attemptList())
 		}
 		deadline, hasDeadline := deadlineOf(req)
 		a := policy.Attempt{
@@ -490,22 +549,23 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 				chain.Open, chain.Retries, chain.attempts = true, 0, nil
 			}
 			if f.AttemptTrace != "" {
-				chain.attempts = append(chain.attempts, f.AttemptTrace)
-				if n := len(chain.attempts); n > MaxChainAttempts {
-					chain.attempts = slices.Delete(chain.attempts, 0, n-MaxChainAttempts)
-				}
+				old := chain.attemptList()
+				old = old[max(0, len(old)+1-MaxChainAttempts):] // the newest, with room for this one
+				attempts := append(append(make([]string, 0, len(old)+1), old...), f.AttemptTrace)
+				chain.attempts = &attempts
 			}
 			if p.Bounded {
 				chain.Max = &p.MaxRetries
 			}
 			r := s.schedule(env, f, chain, d)
-			x := new(struct { // the event and its oneof: one allocation
+			x := new(struct { // the event, its oneof and its time: one allocation
 				ev   retrydv1.Event
 				kind retrydv1.Event_Scheduled
+				time timestamppb.Timestamp
 			})
 			x.kind.Scheduled = r.Scheduled
 			x.ev.Kind = &x.kind
-			ev = s.event(env, &x.ev)
+			ev = s.event(env, &x.ev, &x.time)
 			out.Events = append(out.Events, ev)
 			out.Scheduled = r
 			out.Forgotten = s.retain(r)
@@ -539,6 +599,7 @@ func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d pol
 		ev        retrydv1.Event
 		kind      retrydv1.Event_Delegated
 		delegated retrydv1.RetryDelegated
+		time      timestamppb.Timestamp
 	})
 	dg := &x.delegated
 	dg.Turn, dg.Step = req.GetTurn(), req.GetStep()
@@ -549,25 +610,22 @@ func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d pol
 	}
 	x.kind.Delegated = dg
 	x.ev.Kind = &x.kind
-	return s.event(env, &x.ev)
+	return s.event(env, &x.ev, &x.time)
 }
 
 func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) *Retry {
 	req, p := f.Request, f.Policy
 	due := env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond)
-	r := &Retry{
-		ID:        env.NewID(),
-		SessionID: s.ID,
-		Due:       due,
-		Status:    retrydv1.RetryStatus_RETRY_STATUS_PENDING,
-		chain:     chain,
-	}
-	// The record and its due time are one allocation: nothing else
+	// The retry, its record and the record's due time are one allocation:
+	// the retry keeps the record for as long as it lives, and nothing
 	// refers to the due time for longer than to the record.
 	x := new(struct {
+		r   Retry
 		sc  retrydv1.RetryScheduled
 		due timestamppb.Timestamp
 	})
+	r := &x.r
+	r.ID, r.SessionID, r.Due, r.Status, r.chain = env.NewID(), s.ID, due, retrydv1.RetryStatus_RETRY_STATUS_PENDING, chain
 	x.due.Seconds, x.due.Nanos = due.Unix(), int32(due.Nanosecond())
 	sc := &x.sc
 	sc.RetryId = r.ID
@@ -595,26 +653,29 @@ func (s *Session) retain(r *Retry) (forgotten []*Retry) {
 	return forgotten
 }
 
-// event stamps a new log record of the session; the store assigns its
-// sequence when it appends it.
-func (s *Session) event(env Env, ev *retrydv1.Event) *retrydv1.Event {
+// event stamps a new log record of the session with ts set to now (ts is
+// allocated with the event); the store assigns its sequence when it
+// appends it.
+func (s *Session) event(env Env, ev *retrydv1.Event, ts *timestamppb.Timestamp) *retrydv1.Event {
+	ts.Seconds, ts.Nanos = env.Now.Unix(), int32(env.Now.Nanosecond())
 	ev.SessionId = s.ID
-	ev.Time = s.timestamp(env.Now)
+	ev.Time = ts
 	return ev
 }
 
 func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *retrydv1.Event {
 	c.Open = false
 	c.Updated = env.Now
-	x := new(struct { // the event, its oneof and the record: one allocation
+	x := new(struct { // the event, its oneof, the record and the time: one allocation
 		ev     retrydv1.Event
 		kind   retrydv1.Event_Closed
 		closed retrydv1.ChainClosed
+		time   timestamppb.Timestamp
 	})
 	x.closed.Provider, x.closed.PolicyKey, x.closed.Reason, x.closed.Retries = c.Key.Provider, c.Key.PolicyKey, reason, c.Retries
 	x.kind.Closed = &x.closed
 	x.ev.Kind = &x.kind
-	return s.event(env, &x.ev)
+	return s.event(env, &x.ev, &x.time)
 }
 
 // Start records that r's backoff ended with an awaiter present. It reports
@@ -636,24 +697,29 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	}
 	sc := r.Scheduled
 	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED
-	r.Started = &retrydv1.RetryStarted{
-		RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(),
-		RetryNumber: sc.GetRetryNumber(), StartedAt: s.timestamp(env.Now),
-		Traceparent: sc.GetTraceparent(),
-	}
+	// The record and its time (which the event shares) are one allocation;
+	// the event and its oneof another, as the log drops them first.
+	st := new(struct {
+		started retrydv1.RetryStarted
+		time    timestamppb.Timestamp
+	})
+	st.started.RetryId, st.started.Turn, st.started.Step = r.ID, sc.GetTurn(), sc.GetStep()
+	st.started.RetryNumber, st.started.StartedAt = sc.GetRetryNumber(), &st.time
+	st.started.Traceparent = sc.GetTraceparent()
+	r.Started = &st.started
 	if s.pending == r {
 		s.pending = nil
 	}
 	r.chain.Updated = env.Now
 	s.Updated = env.Now
-	s.settled = append(s.settled, r)
+	s.settle(r)
 	x := new(struct { // the event and its oneof: one allocation
 		ev   retrydv1.Event
 		kind retrydv1.Event_Started
 	})
 	x.kind.Started = r.Started
 	x.ev.Kind = &x.kind
-	return s.event(env, &x.ev), true
+	return s.event(env, &x.ev, &st.time), true
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
@@ -672,15 +738,16 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 		s.pending = nil
 	}
 	s.Updated = env.Now
-	s.settled = append(s.settled, r)
-	x := new(struct { // the event and its oneof: one allocation
+	s.settle(r)
+	x := new(struct { // the event, its oneof and its time: one allocation
 		ev   retrydv1.Event
 		kind retrydv1.Event_Cancelled
+		time timestamppb.Timestamp
 	})
 	x.kind.Cancelled = r.Cancelled
 	x.ev.Kind = &x.kind
 	evs := make([]*retrydv1.Event, 1, 2)
-	evs[0] = s.event(env, &x.ev)
+	evs[0] = s.event(env, &x.ev, &x.time)
 	if r.chain.Open && r.chain.Latest == r {
 		evs = append(evs, s.closeChain(env, r.chain, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
 	}
@@ -698,7 +765,7 @@ func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation 
 	if d := s.delegation; d != nil {
 		evs = append(evs, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
 			Reason: retrydv1.CancelReason_CANCEL_REASON_REQUESTED, Turn: d.turn, Step: d.step,
-		}}}))
+		}}}, new(timestamppb.Timestamp)))
 		s.cancelled, s.delegation, delegation = d, nil, true
 	}
 	for _, c := range s.sortedChains() {
@@ -792,14 +859,24 @@ func (s *Session) Retries() []*Retry { return s.retries }
 // the last Commit or Revert: it closes their Done channels. A store calls
 // it once the transitions are durable (at once when it keeps nothing), so
 // no agent hears of a start or cancellation that a crash could undo.
+//
+// Commit also compacts the step records of scheduled decisions (see
+// stepRecord): once committed, their events carry their final sequence.
 func (s *Session) Commit() {
-	for _, r := range s.settled {
+	for i := range s.records {
+		s.records[i].compact(s.ID)
+	}
+	if s.settled == nil {
+		return
+	}
+	settled := *s.settled
+	for _, r := range settled {
 		if r.done != nil {
 			close(r.done)
 			r.done = nil
 		}
 		r.committed = true
 	}
-	clear(s.settled)
-	s.settled = s.settled[:0]
+	clear(settled)
+	*s.settled = settled[:0]
 }

@@ -26,7 +26,7 @@ func (s *Session) Snapshot() *statev1.Session {
 	for i := range s.records { // in phase order
 		rec := &s.records[i]
 		out.Records = append(out.Records, &statev1.StepRecord{
-			Phase: rec.phase, Fingerprint: bytes.Clone(rec.fingerprint[:]), Response: rec.Response(),
+			Phase: rec.phase, Fingerprint: bytes.Clone(rec.fingerprint[:]), Response: rec.Response(s.ID),
 		})
 	}
 	retained := make(map[*Retry]bool, len(s.retries))
@@ -41,7 +41,7 @@ func (s *Session) Snapshot() *statev1.Session {
 			Retries:   c.Retries,
 			Open:      c.Open,
 			UpdatedAt: timestamp(c.Updated),
-			Attempts:  slices.Clone(c.attempts),
+			Attempts:  slices.Clone(c.attemptList()),
 		}
 		if c.Max != nil {
 			pc.MaxRetries = proto.Uint32(*c.Max)
@@ -139,12 +139,14 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 			return nil, bad("two chains %s / %s", key.Provider, key.PolicyKey)
 		}
 		c := &Chain{
-			Key:      key,
-			Mode:     pc.GetMode(),
-			Retries:  pc.GetRetries(),
-			Open:     pc.GetOpen(),
-			Updated:  timeOf(pc.GetUpdatedAt()),
-			attempts: pc.GetAttempts(),
+			Key:     key,
+			Mode:    pc.GetMode(),
+			Retries: pc.GetRetries(),
+			Open:    pc.GetOpen(),
+			Updated: timeOf(pc.GetUpdatedAt()),
+		}
+		if a := pc.GetAttempts(); len(a) > 0 {
+			c.attempts = &a
 		}
 		if pc.MaxRetries != nil {
 			c.Max = proto.Uint32(pc.GetMaxRetries())
@@ -269,11 +271,12 @@ func (s *Session) Checkpoint() *Checkpoint {
 	cp.session.records = slices.Clone(s.records)
 	cp.session.chains = slices.Clone(s.chains)
 	cp.session.retries = slices.Clone(s.retries)
-	cp.session.settled = slices.Clone(s.settled)
+	if s.settled != nil {
+		settled := slices.Clone(*s.settled)
+		cp.session.settled = &settled
+	}
 	for _, c := range s.chains {
-		v := *c
-		v.attempts = slices.Clone(c.attempts)
-		cp.chains = append(cp.chains, chainValue{c, v})
+		cp.chains = append(cp.chains, chainValue{c, *c}) // attempts are never modified in place
 	}
 	for _, r := range s.retries {
 		cp.retries = append(cp.retries, retryValue{r, r.Status, r.Started, r.Cancelled})

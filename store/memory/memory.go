@@ -101,6 +101,10 @@ const persistRetryDelay = time.Second
 // once: each waits for its write, and concurrent writes share one sync.
 const timerWorkers = 256
 
+// timerBatch bounds how many due timers the timer goroutine takes from the
+// heap at once.
+const timerBatch = 256
+
 // Store is the in-memory store. Create it with New and stop it with Close.
 type Store struct {
 	cfg    Config
@@ -123,13 +127,25 @@ type Store struct {
 
 type shard struct {
 	mu       sync.Mutex
-	sessions map[string]*engine.Session
+	sessions table[engine.Session] // by id
+}
+
+// session returns the shard's session with id, or nil.
+func (sh *shard) session(id string) *engine.Session {
+	return sh.sessions.get(maphash.String(sh.sessions.seed, id), id)
+}
+
+func (sh *shard) putSession(sess *engine.Session) {
+	sh.sessions.put(maphash.String(sh.sessions.seed, sess.ID), sess)
 }
 
 type indexShard struct {
 	mu      sync.Mutex
-	retries map[string]*engine.Retry
+	retries table[engine.Retry] // by id
 }
+
+func sessionID(s *engine.Session) string { return s.ID }
+func retryID(r *engine.Retry) string     { return r.ID }
 
 type globalRand struct{}
 
@@ -164,8 +180,8 @@ func New(cfg Config) *Store {
 	}
 	s.gateRetry = s.startGate
 	for i := range s.shards {
-		s.shards[i].sessions = make(map[string]*engine.Session)
-		s.index[i].retries = make(map[string]*engine.Retry)
+		s.shards[i].sessions = newTable(s.seed, sessionID)
+		s.index[i].retries = newTable(s.seed, retryID)
 	}
 	if st := cfg.Restore; st != nil {
 		s.restore(st)
@@ -195,7 +211,7 @@ func (s *Store) restore(st *State) {
 	s.log.restore(st.Events, st.LastSequence)
 	now := s.cfg.Now()
 	for _, sess := range st.Sessions {
-		s.shardOf(sess.ID).sessions[sess.ID] = sess
+		s.shardOf(sess.ID).putSession(sess)
 		for _, r := range sess.Retries() {
 			s.indexRetry(r)
 		}
@@ -305,7 +321,7 @@ func (s *Store) indexOf(retryID string) *indexShard {
 func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
 	ix := s.indexOf(retryID)
 	ix.mu.Lock()
-	r := ix.retries[retryID]
+	r := ix.retries.get(maphash.String(s.seed, retryID), retryID)
 	ix.mu.Unlock()
 	if r == nil || !service.InScope(scope, r.SessionID) {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no retry " + retryID}
@@ -316,7 +332,7 @@ func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
 func (s *Store) indexRetry(r *engine.Retry) {
 	ix := s.indexOf(r.ID)
 	ix.mu.Lock()
-	ix.retries[r.ID] = r
+	ix.retries.put(maphash.String(s.seed, r.ID), r)
 	ix.mu.Unlock()
 }
 
@@ -324,7 +340,7 @@ func (s *Store) unindex(rs []*engine.Retry) {
 	for _, r := range rs {
 		ix := s.indexOf(r.ID)
 		ix.mu.Lock()
-		delete(ix.retries, r.ID)
+		ix.retries.remove(maphash.String(s.seed, r.ID), r.ID)
 		ix.mu.Unlock()
 	}
 }
@@ -336,7 +352,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	env := s.env()
-	sess := sh.sessions[id]
+	sess := sh.session(id)
 	fresh := sess == nil
 	if fresh {
 		sess = engine.NewSession(id, env.Now)
@@ -352,7 +368,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 		}
 	}
 	if fresh {
-		sh.sessions[id] = sess
+		sh.putSession(sess)
 	}
 	if r := out.Scheduled; r != nil {
 		s.indexRetry(r)
@@ -367,7 +383,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 func (s *Store) Due(retryID string) (time.Time, bool) {
 	ix := s.indexOf(retryID)
 	ix.mu.Lock()
-	r := ix.retries[retryID]
+	r := ix.retries.get(maphash.String(s.seed, retryID), retryID)
 	ix.mu.Unlock()
 	if r == nil {
 		return time.Time{}, false
@@ -390,7 +406,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		s.awaiters.Add(1)
 	}
 	state := r.State()
-	if sess := sh.sessions[r.SessionID]; watching && sess != nil && !s.cfg.Now().Before(r.Due) {
+	if sess := sh.session(r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		cp := s.checkpoint(sess)
@@ -454,7 +470,7 @@ func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1
 	sh := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sess := sh.sessions[r.SessionID]; sess != nil {
+	if sess := sh.session(r.SessionID); sess != nil {
 		cp := s.checkpoint(sess)
 		if evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
 			if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
@@ -470,7 +486,7 @@ func (s *Store) CancelSession(_ context.Context, sessionID string) (*retrydv1.Ca
 	sh := s.shardOf(sessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.sessions[sessionID]
+	sess := sh.session(sessionID)
 	if sess == nil {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
 	}
@@ -492,7 +508,7 @@ func (s *Store) StepSucceeded(_ context.Context, req *retrydv1.StepSucceededRequ
 	sh := s.shardOf(req.GetSessionId())
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.sessions[req.GetSessionId()]
+	sess := sh.session(req.GetSessionId())
 	if sess == nil {
 		return &retrydv1.StepSucceededResponse{}, nil
 	}
@@ -513,7 +529,7 @@ func (s *Store) GetChains(_ context.Context, sessionID string) (*retrydv1.GetCha
 	sh := s.shardOf(sessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.sessions[sessionID]
+	sess := sh.session(sessionID)
 	if sess == nil {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
 	}
@@ -558,22 +574,27 @@ func (s *Store) runTimers() {
 	if s.cfg.Persist != nil {
 		workers = make(chan struct{}, timerWorkers)
 	}
+	var batch []timerEntry
 	for {
-		e, ok := s.timers.next(s.cfg.Now)
+		var ok bool
+		batch, ok = s.timers.due(s.cfg.Now, batch[:0], timerBatch)
 		if !ok {
 			return
 		}
-		if workers == nil {
-			s.fire(e)
-			continue
+		for _, e := range batch {
+			if workers == nil {
+				s.fire(e)
+				continue
+			}
+			workers <- struct{}{}
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.fire(e)
+				<-workers
+			}()
 		}
-		workers <- struct{}{}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.fire(e)
-			<-workers
-		}()
+		clear(batch) // drop the retries until the next batch
 	}
 }
 
@@ -584,7 +605,7 @@ func (s *Store) fire(e timerEntry) {
 	sh := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.sessions[r.SessionID]
+	sess := sh.session(r.SessionID)
 	switch {
 	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
 	case e.kind == timerDue && r.Awaiters > 0:
@@ -629,15 +650,16 @@ func (s *Store) expire(before time.Time) {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		var changes []change
-		for _, sess := range sh.sessions {
+		sh.sessions.all(func(sess *engine.Session) bool {
 			if sess.Pending() == nil && sess.Updated.Before(before) {
 				cp := s.checkpoint(sess)
 				changes = append(changes, change{sess: sess, cp: cp, forget: true, events: sess.Expire(s.env())})
 			}
-		}
+			return true
+		})
 		if len(changes) > 0 && s.commit(changes...) == nil {
 			for _, c := range changes {
-				delete(sh.sessions, c.sess.ID)
+				sh.sessions.remove(maphash.String(s.seed, c.sess.ID), c.sess.ID)
 				s.unindex(c.sess.Retries())
 			}
 		}
@@ -652,13 +674,14 @@ func (s *Store) Stats() service.Stats {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		st.Sessions += int64(len(sh.sessions))
-		for _, sess := range sh.sessions {
+		st.Sessions += int64(sh.sessions.Len())
+		sh.sessions.all(func(sess *engine.Session) bool {
 			st.OpenChains += int64(sess.OpenChains())
 			if sess.Pending() != nil {
 				st.PendingRetries++
 			}
-		}
+			return true
+		})
 		sh.mu.Unlock()
 	}
 	return st
@@ -670,7 +693,7 @@ func (s *Store) Len() int {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		n += len(sh.sessions)
+		n += sh.sessions.Len()
 		sh.mu.Unlock()
 	}
 	return n

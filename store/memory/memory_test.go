@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 	}
 	sh := s.shardOf("open")
 	sh.mu.Lock()
-	if ev, ok := sh.sessions["open"].Start(s.env(), r); ok {
+	if ev, ok := sh.session("open").Start(s.env(), r); ok {
 		s.log.append(ev)
 	}
 	sh.mu.Unlock()
@@ -204,11 +205,45 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 			}
 			sh := s.shardOf(id)
 			sh.mu.Lock()
-			if ev, ok := sh.sessions[id].Start(s.env(), r); ok {
+			if ev, ok := sh.session(id).Start(s.env(), r); ok {
 				s.log.append(ev)
 			}
-			sh.sessions[id].Commit()
+			sh.session(id).Commit()
 			sh.mu.Unlock()
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/sessions, "bytes/session")
+		s.Close()
+	}
+}
+
+// BenchmarkPendingChainMemory reports the heap a session holds while its
+// retry is pending (one open chain, one pending retry and its timer, its
+// step record), as in retryd-bench's chains part: the state of an agent
+// session waiting out a backoff.
+// Run: go test -run '^$' -bench PendingChainMemory ./store/memory/
+func BenchmarkPendingChainMemory(b *testing.B) {
+	const sessions = 20_000
+	p, err := policy.Resolve(&retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
+		InitialDelayMs: proto.Uint64(3_600_000), MaxDelayMs: proto.Uint64(3_600_000), JitterRatio: proto.Float64(0)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range b.N {
+		s := New(Config{EventLogSize: 1})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range sessions {
+			_, err := s.FailedStep(context.Background(), engine.Failure{
+				Request: &retrydv1.FailedStepRequest{SessionId: "chain-" + strconv.Itoa(i), Turn: 1, Step: 1, Provider: "deepseek",
+					Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429, Message: "rate limited"}},
+				Policy: p,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

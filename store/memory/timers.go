@@ -14,11 +14,19 @@ const (
 	timerAbandon                  // the grace for an awaiter ends
 )
 
+// timerEntry is one deadline: 24 bytes (a time.Time alone is 24), as
+// every pending retry has one. The deadline is on the wall clock, the
+// clock of the due and start times the log records: if the wall clock
+// steps, a timer fires when the wall clock reaches its deadline, so a
+// retry never starts at a recorded time before its recorded due time.
 type timerEntry struct {
-	at    time.Time
+	at    int64 // Unix nanoseconds
 	retry *engine.Retry
 	kind  timerKind
 }
+
+// when returns the entry's deadline.
+func (e timerEntry) when() time.Time { return time.Unix(0, e.at) }
 
 // timerHeap holds every pending retry's next deadline in one min-heap,
 // served by one goroutine: a million pending retries cost a million small
@@ -37,7 +45,7 @@ type timerHeap struct {
 // container/heap, whose interface boxes every entry pushed or popped.
 type entries []timerEntry
 
-func (h entries) less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h entries) less(i, j int) bool { return h[i].at < h[j].at }
 
 func (h *entries) push(e timerEntry) {
 	*h = append(*h, e)
@@ -83,7 +91,7 @@ func newTimerHeap() *timerHeap {
 
 func (t *timerHeap) push(at time.Time, r *engine.Retry, kind timerKind) {
 	t.mu.Lock()
-	t.entries.push(timerEntry{at: at, retry: r, kind: kind})
+	t.entries.push(timerEntry{at: at.UnixNano(), retry: r, kind: kind})
 	first := t.entries[0].retry == r && t.entries[0].kind == kind
 	t.mu.Unlock()
 	if first {
@@ -114,6 +122,19 @@ func (t *timerHeap) Len() int {
 // next blocks until the earliest entry is due and pops it; ok is false once
 // the heap is stopped.
 func (t *timerHeap) next(now func() time.Time) (timerEntry, bool) {
+	due, ok := t.due(now, nil, 1)
+	if !ok {
+		return timerEntry{}, false
+	}
+	return due[0], true
+}
+
+// due blocks until the earliest entry is due, then pops it and every other
+// entry due by then, at most limit, in deadline order, appended to buf; ok
+// is false once the heap is stopped. One wake-up of the timer goroutine
+// serves every retry that fell due while it slept or worked, under one
+// acquisition of the heap's lock.
+func (t *timerHeap) due(now func() time.Time, buf []timerEntry, limit int) (_ []timerEntry, ok bool) {
 	if t.timer == nil {
 		t.timer = time.NewTimer(time.Hour)
 	}
@@ -122,14 +143,17 @@ func (t *timerHeap) next(now func() time.Time) (timerEntry, bool) {
 		t.mu.Lock()
 		if t.stopped {
 			t.mu.Unlock()
-			return timerEntry{}, false
+			return buf, false
 		}
 		wait := time.Hour
 		if len(t.entries) > 0 {
-			if wait = t.entries[0].at.Sub(now()); wait <= 0 {
-				e := t.entries.pop()
+			at := now().UnixNano()
+			if wait = time.Duration(t.entries[0].at - at); wait <= 0 {
+				for n := 0; n < limit && len(t.entries) > 0 && t.entries[0].at <= at; n++ {
+					buf = append(buf, t.entries.pop())
+				}
 				t.mu.Unlock()
-				return e, true
+				return buf, true
 			}
 		}
 		t.mu.Unlock()

@@ -104,6 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			sc.Chains = append(sc.Chains, n)
 		}
 		sc.Root, sc.Log, sc.Workers, sc.ProfileDir = root, stderr, cfg.Workers, cfg.ProfileDir
+		sc.Env = cfg.RetrydEnv
 		if *scaleSrc != "" {
 			sc.Root = *scaleSrc
 		}

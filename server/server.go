@@ -90,7 +90,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	// The store opens before the listeners: a store that cannot be opened
 	// (unreachable, locked, another schema version) refuses the start.
 	redis.SetLogger(log) // before the store dials: go-redis' own lines go through log
-	store, err := openStore(c)
+	store, err := openStore(c, log)
 	if err != nil {
 		return err
 	}
@@ -322,7 +322,7 @@ func (s *openedStore) close(log *slog.Logger) {
 	}
 }
 
-func openStore(c Config) (*openedStore, error) {
+func openStore(c Config, log *slog.Logger) (*openedStore, error) {
 	mc := memory.Config{
 		ChainTTL:     c.ChainTTL,
 		AbandonGrace: c.AbandonGrace,
@@ -340,7 +340,7 @@ func openStore(c Config) (*openedStore, error) {
 		return &openedStore{Store: s, kind: kind, dir: dir, stop: s.Store.Close, release: s.Close}, nil
 	case "redis":
 		s, err := redis.Open(context.Background(), redis.Config{
-			URL: dir, ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize,
+			URL: dir, ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize, Log: log,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("server: store: %w", err)

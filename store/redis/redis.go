@@ -65,6 +65,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
@@ -147,6 +148,9 @@ type Config struct {
 	NewID func() string
 	// Rand replaces the jitter source (tests).
 	Rand interface{ Float64() float64 }
+	// Log receives what the store notices on its own (a session whose
+	// data it cannot read); nil discards it.
+	Log *slog.Logger
 }
 
 // SchemaError is data written by a key layout other than the one this
@@ -226,6 +230,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if cfg.Rand == nil {
 		cfg.Rand = globalRand{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	var onConnect func(context.Context, *redis.Conn) error
 	if cfg.RequireAppendFsyncAlways {
@@ -1231,7 +1238,8 @@ func (s *Store) abandonAt(r *engine.Retry) time.Time {
 // fireAll handles due timers (due[p] are partition p's), each in a
 // goroutine of its own so that they share group commits, and returns once
 // all are handled. A failure leaves the timer in the set: the next poll
-// tries again.
+// tries again, or, when the session's data is damaged, the poll after
+// damagedRetry (see postpone).
 func (s *Store) fireAll(ctx context.Context, due [][]string) {
 	var wg sync.WaitGroup
 	for p, members := range due {
@@ -1241,13 +1249,34 @@ func (s *Store) fireAll(ctx context.Context, due [][]string) {
 			case !ok || s.keys.partition(sessionID) != p:
 				s.rdb.ZRem(ctx, s.keys.timersKey(p), m)
 			case retryID == expiryTimer:
-				wg.Go(func() { _ = s.expireSession(ctx, sessionID) })
+				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.expireSession(ctx, sessionID)) })
 			default:
-				wg.Go(func() { _ = s.fire(ctx, sessionID, retryID) })
+				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.fire(ctx, sessionID, retryID)) })
 			}
 		}
 	}
 	wg.Wait()
+}
+
+// damagedRetry is how long a timer of a session whose data cannot be read
+// waits before it is tried again.
+const damagedRetry = time.Minute
+
+// postpone handles a timer's failure: when the session's data is damaged
+// (anything but Redis being unavailable), trying again at the next poll
+// would only fail again, every 10 ms; the timer moves damagedRetry on
+// instead, with a warning, and the session's other calls keep failing as
+// they do until someone repairs or deletes its key.
+func (s *Store) postpone(ctx context.Context, p int, member, sessionID string, err error) {
+	if err == nil || errors.Is(err, service.ErrUnavailable) || ctx.Err() != nil {
+		return
+	}
+	at := s.cfg.Now().Add(damagedRetry)
+	if zerr := s.rdb.ZAdd(ctx, s.keys.timersKey(p), redis.Z{Score: *score(at), Member: member}).Err(); zerr != nil {
+		return
+	}
+	s.cfg.Log.Warn("redis store: a timer of a session whose data cannot be read; trying again later",
+		"session", sessionID, "err", err, "retry_at", at)
 }
 
 // runNotifications fans the subscription's messages out to local awaiters

@@ -1,0 +1,58 @@
+package redis_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/store/redis"
+	"github.com/retryd/retryd/store/redis/redistest"
+)
+
+// TestDamagedSession: a session whose stored data cannot be read refuses
+// the calls that touch it, and only them; its due timer is tried again a
+// minute later, not at every poll.
+func TestDamagedSession(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	prefix := redistest.Prefix()
+	s, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	out, err := s.FailedStep(ctx, failure("broken"))
+	if err != nil || out.Scheduled == nil {
+		t.Fatalf("FailedStep: %v %v", out, err)
+	}
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	// Damage the snapshot before its retry falls due.
+	if err := rdb.Set(ctx, prefix+"retryd:{broken}:s", "\xff\xff not a snapshot", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetChains(ctx, "broken"); err == nil || !strings.Contains(err.Error(), "damaged") {
+		t.Errorf("GetChains of the damaged session: %v, want an error naming the damage", err)
+	}
+	if _, err := s.FailedStep(ctx, failure("healthy")); err != nil {
+		t.Errorf("FailedStep of another session: %v", err)
+	}
+	member := out.Scheduled.ID + " broken"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		score, err := rdb.ZScore(ctx, prefix+"retryd:timers", member).Result()
+		if err != nil {
+			t.Fatalf("the damaged session's timer: %v", err)
+		}
+		if at := time.UnixMilli(int64(score)); time.Until(at) > 30*time.Second {
+			break // postponed
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the damaged session's timer is still due at %v: retried at every poll", time.UnixMilli(int64(score)))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -9,14 +9,10 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
-	"google.golang.org/grpc"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestStoreURL: standalone and Sentinel URLs are told apart by master_name
@@ -191,72 +187,18 @@ func TestSentinelFailover(t *testing.T) {
 	url := sentinels.URL(0) + "&appendfsync=always"
 	a := retrydtest.Start(t, "--store", url, "--health-listen", "127.0.0.1:0")
 	b := retrydtest.Start(t, "--store", url)
-	probes := []*grpc.ClientConn{a.Conn(t), a.HealthConn(t), b.Conn(t)}
-	client := fleetClient(t, a, b)
-
-	before := startNamedLoad(t, client, 6, "before")
-	runLoad(before)
-	if t.Failed() {
-		t.FailNow()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	resp, err := client.FailedStep(ctx, &retrydv1.FailedStepRequest{
-		SessionId: "across", Turn: 1, Step: 1, Provider: "p",
-		Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429},
-		PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{
-			MaxRetries: proto.Uint32(3),
-			Backoff:    &retrydv1.Backoff{InitialDelayMs: proto.Uint64(500), MaxDelayMs: proto.Uint64(500)},
-		}},
+	proveRedisFailover(t, a, b, redisFailover{
+		kill: func() {
+			master.Replicated(t, 1)
+			if err := master.Kill(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		},
+		promoted: func() string {
+			sentinels.WaitMaster(t, replica.Addr)
+			return "the Sentinels promoted the replica"
+		},
 	})
-	if err != nil || resp.GetDecision().GetSchedule() == nil {
-		t.Fatalf("FailedStep before the failover: %v %v, want a schedule", resp, err)
-	}
-	across := resp.GetDecision().GetSchedule().GetRetryId()
-
-	master.Replicated(t, 1)
-	if err := master.Kill(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	// Awaited only once the master is gone, the retry cannot have started
-	// on it: it starts on the new master, once.
-	type awaited struct {
-		term *retrydv1.AwaitRetryResponse
-		err  error
-	}
-	awaiter := make(chan awaited, 1)
-	go func() {
-		term, err := client.AwaitRetry(ctx, across)
-		awaiter <- awaited{term, err}
-	}()
-
-	sentinels.WaitMaster(t, replica.Addr)
-	promoted := time.Since(killed)
-	waitHealth(t, healthpb.HealthCheckResponse_SERVING, probes...)
-	t.Logf("the Sentinels promoted the replica %v after the kill; retryd served again %v after the kill",
-		promoted.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
-	got := <-awaiter
-	if got.err != nil || got.term.GetStarted() == nil {
-		t.Fatalf("the agent awaiting retry %s through the failover: %v %v, want Started", across, got.term, got.err)
-	}
-
-	after := startNamedLoad(t, client, 6, "after")
-	runLoad(after)
-	if t.Failed() {
-		t.FailNow()
-	}
-	before.check(a.Conn(t))
-	events := after.check(b.Conn(t))
-	var starts []*retrydv1.RetryStarted
-	for _, ev := range events {
-		if ev.GetStarted().GetRetryId() == across {
-			starts = append(starts, ev.GetStarted())
-		}
-	}
-	if len(starts) != 1 || !proto.Equal(starts[0], got.term.GetStarted()) {
-		t.Errorf("retry %s: the log holds starts %v, the agent received %v", across, starts, got.term.GetStarted())
-	}
 }
 
 // runLoad lets a load run for 1.5 s and on until its agents have started,

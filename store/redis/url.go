@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -111,36 +113,30 @@ func parseURL(raw string) (*target, error) {
 		return nil, fmt.Errorf("redis store: the Sentinel store URL is not valid "+
 			"(redis://sentinel:26379/db?master_name=NAME&addr=sentinel2:26379): %w", err)
 	}
-	for _, p := range []struct {
-		name string
-		set  bool
-	}{
-		{"route_by_latency", opts.RouteByLatency},
-		{"route_randomly", opts.RouteRandomly},
-		{"replica_only", opts.ReplicaOnly},
-	} {
-		if p.set {
-			return nil, fmt.Errorf("redis store: the Sentinel store URL sets %s: retryd reads and writes the master only "+
-				"(a replica may not have the latest writes); drop it", p.name)
-		}
+	if err := refuseReplicaReads("Sentinel", map[string]bool{
+		"route_by_latency": opts.RouteByLatency, "route_randomly": opts.RouteRandomly, "replica_only": opts.ReplicaOnly,
+	}); err != nil {
+		return nil, err
 	}
 	return &target{sentinel: opts, own: own}, nil
 }
 
 // checkClusterOptions refuses the Cluster client options that read from
-// replicas: a replica may not have the latest writes.
+// replicas.
 func checkClusterOptions(opts *redis.ClusterOptions) error {
-	for _, p := range []struct {
-		name string
-		set  bool
-	}{
-		{"read_only", opts.ReadOnly},
-		{"route_by_latency", opts.RouteByLatency},
-		{"route_randomly", opts.RouteRandomly},
-	} {
-		if p.set {
-			return fmt.Errorf("redis store: the Cluster store URL sets %s: retryd reads and writes the masters only "+
-				"(a replica may not have the latest writes); drop it", p.name)
+	return refuseReplicaReads("Cluster", map[string]bool{
+		"read_only": opts.ReadOnly, "route_by_latency": opts.RouteByLatency, "route_randomly": opts.RouteRandomly,
+	})
+}
+
+// refuseReplicaReads refuses a client option (by its URL parameter's
+// name) that sends commands to replicas: a replica may not have the
+// latest writes, and every commit checks what it read.
+func refuseReplicaReads(kind string, set map[string]bool) error {
+	for _, name := range slices.Sorted(maps.Keys(set)) {
+		if set[name] {
+			return fmt.Errorf("redis store: the %s store URL sets %s: retryd reads and writes masters only "+
+				"(a replica may not have the latest writes); drop it", kind, name)
 		}
 	}
 	return nil

@@ -1,10 +1,14 @@
 package redis_test
 
 import (
+	"context"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/retryd/retryd/internal/retrydtest"
+	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
 )
 
@@ -39,4 +43,35 @@ func TestClusterFailover(t *testing.T) {
 			return "a replica took over the killed master's slots"
 		},
 	})
+}
+
+// TestClusterURL: the address of any one node is a Cluster URL (retryd
+// asks it), with the partitioned layout of 16 partitions unless the URL
+// names a number; a Cluster has database 0 only; a URL with addr= whose
+// nodes are not a Cluster says what it took the URL for.
+func TestClusterURL(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.SharedCluster(t)
+	ctx := context.Background()
+	for url, want := range map[string]int{
+		"redis://" + cluster.Nodes[1].Addr:                     redis.DefaultClusterPartitions,
+		"redis://" + cluster.Nodes[2].Addr + "/0?partitions=3": 3,
+	} {
+		s := open(t, url, redistest.Prefix())
+		if got := s.Partitions(); got != want {
+			t.Errorf("%s: %d partitions, want %d", url, got, want)
+		}
+		if out, err := s.FailedStep(ctx, failure("over-"+strconv.Itoa(want))); err != nil || out.Scheduled == nil {
+			t.Errorf("%s: FailedStep: %v %v", url, out, err)
+		}
+	}
+	_, err := redis.Open(ctx, redis.Config{URL: "redis://" + cluster.Nodes[0].Addr + "/3", KeyPrefix: redistest.Prefix()})
+	if err == nil || !strings.Contains(err.Error(), "database 0 only") {
+		t.Errorf("a Cluster node with database 3: %v, want a refusal naming database 0", err)
+	}
+	plain := redistest.Shared(t)
+	_, err = redis.Open(ctx, redis.Config{URL: "redis://" + plain.Addr + "?addr=" + plain.Addr, KeyPrefix: redistest.Prefix()})
+	if err == nil || !strings.Contains(err.Error(), "not a Cluster node") {
+		t.Errorf("addr= over a standalone Redis: %v, want a refusal saying it is not a Cluster node", err)
+	}
 }

@@ -311,6 +311,10 @@ func (s *Store) ping(ctx context.Context) error {
 	if de := (*durabilityError)(nil); errors.As(err, &de) {
 		return de // the connection hook refused it (health.go)
 	}
+	if s.target.standalone != nil && strings.Contains(err.Error(), "SELECT is not allowed in cluster mode") {
+		return fmt.Errorf("redis store: %s is a Redis Cluster node, which has database 0 only; the store URL names database %d",
+			s.target, s.target.standalone.DB)
+	}
 	if s.target.cluster != nil && strings.Contains(err.Error(), "cluster support disabled") {
 		return fmt.Errorf("redis store: the store URL lists several addresses (%s=) and no %s, which makes it a "+
 			"Redis Cluster URL, but %s is not a Cluster node (for Sentinel, add %s=NAME): %w",

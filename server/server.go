@@ -167,7 +167,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	go func() {
 		defer close(watched)
 		if certs != nil {
-			certs.watch(watchCtx, c.TLSReloadInterval)
+			certs.Watch(watchCtx, c.TLSReloadInterval)
 		}
 	}()
 	authWatched := watchAuth(watchCtx, creds, c.AuthReloadInterval)

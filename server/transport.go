@@ -11,10 +11,9 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/retryd/retryd/internal/reload"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
@@ -89,35 +88,41 @@ func boundedCall(ctx context.Context, req any, handler grpc.UnaryHandler, d time
 }
 
 // certSource serves the TLS certificate (and the client CA pool, for
-// mTLS) read from PEM files, and reloads them when the files change: a
-// rotation takes effect for new connections without a restart, and a
-// rotation that does not load (half-written, mismatched, invalid) is
-// logged while the last good pair keeps serving.
+// mTLS) read from PEM files, and reloads them when the files change
+// (polling; see internal/reload): a rotation takes effect for new
+// connections without a restart, and a rotation that does not load
+// (half-written, mismatched, invalid) is logged while the last good pair
+// keeps serving.
 type certSource struct {
-	certFile, keyFile, caFile string
-	log                       *slog.Logger
-
-	current atomic.Pointer[tls.Config] // what new handshakes use
-
-	mu        sync.Mutex // serialises reloads
-	lastTried [sha256.Size]byte
+	certFile, keyFile, caFile            string
+	*reload.Source[pemFiles, tls.Config] // what new handshakes use
 }
 
 // newCertSource loads the files once; an unreadable or invalid file
 // refuses the start with a FieldError naming its flag and path.
 func newCertSource(c Config, log *slog.Logger) (*certSource, error) {
-	s := &certSource{certFile: c.TLSCert, keyFile: c.TLSKey, caFile: c.TLSClientCA, log: log}
-	files, err := s.read()
+	s := &certSource{certFile: c.TLSCert, keyFile: c.TLSKey, caFile: c.TLSClientCA}
+	src, err := reload.New(reload.Config[pemFiles, tls.Config]{
+		Read: func() (pemFiles, [sha256.Size]byte, error) {
+			files, err := s.read()
+			return files, files.sum(), err
+		},
+		Build: func(files pemFiles) (*tls.Config, []any, error) {
+			cfg, leaf, err := s.build(files)
+			if err != nil {
+				return nil, nil, err
+			}
+			return cfg, certAttrs(s.certFile, leaf), nil
+		},
+		Log:      log,
+		Loaded:   "tls certificate loaded",
+		Reloaded: "tls certificate reloaded",
+		Failed:   "tls reload failed; serving the previous certificate",
+	})
 	if err != nil {
 		return nil, err
 	}
-	cfg, leaf, err := s.build(files)
-	if err != nil {
-		return nil, err
-	}
-	s.current.Store(cfg)
-	s.lastTried = files.sum()
-	log.Info("tls certificate loaded", certAttrs(s.certFile, leaf)...)
+	s.Source = src
 	return s, nil
 }
 
@@ -127,54 +132,9 @@ func (s *certSource) serverConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-			return s.current.Load(), nil
+			return s.Current(), nil
 		},
 	}
-}
-
-// watch reloads the files every interval until ctx is done.
-func (s *certSource) watch(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.reload()
-		}
-	}
-}
-
-// reload loads the files if their contents changed since the last
-// attempt. It reports whether a new certificate now serves.
-func (s *certSource) reload() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	files, err := s.read()
-	if err != nil {
-		// A file being replaced may be missing for a moment; say so once
-		// per distinct problem.
-		sum := sha256.Sum256([]byte(err.Error()))
-		if sum != s.lastTried {
-			s.lastTried = sum
-			s.log.Warn("tls reload failed; serving the previous certificate", "err", err)
-		}
-		return false
-	}
-	sum := files.sum()
-	if sum == s.lastTried {
-		return false
-	}
-	s.lastTried = sum
-	cfg, leaf, err := s.build(files)
-	if err != nil {
-		s.log.Warn("tls reload failed; serving the previous certificate", "err", err)
-		return false
-	}
-	s.current.Store(cfg)
-	s.log.Info("tls certificate reloaded", certAttrs(s.certFile, leaf)...)
-	return true
 }
 
 // pemFiles are the contents of the TLS files.

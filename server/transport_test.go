@@ -194,11 +194,11 @@ func TestCertSourceReload(t *testing.T) {
 	if got := serial(); got != 100 {
 		t.Fatalf("serial %d, want 100", got)
 	}
-	if src.reload() {
+	if src.Reload() {
 		t.Error("reload without a change reported a new certificate")
 	}
 	write(cfg.TLSCert, []byte("-----BEGIN CERTIFICATE-----\nhalf"))
-	if src.reload() || serial() != 100 {
+	if src.Reload() || serial() != 100 {
 		t.Errorf("a broken rotation replaced the certificate (serial %d)", serial())
 	}
 	if !strings.Contains(logs.String(), "tls reload failed") {
@@ -206,7 +206,7 @@ func TestCertSourceReload(t *testing.T) {
 	}
 	write(cfg.TLSCert, b.CertPEM)
 	write(cfg.TLSKey, b.KeyPEM)
-	if !src.reload() || serial() != 200 {
+	if !src.Reload() || serial() != 200 {
 		t.Errorf("rotation to serial 200: serving %d", serial())
 	}
 

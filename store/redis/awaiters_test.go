@@ -9,7 +9,6 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/store/redis/redistest"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestStrandedAwaiter: a replica killed with SIGKILL while it holds an
@@ -33,19 +32,7 @@ func TestStrandedAwaiter(t *testing.T) {
 
 	// Due well after the dead replica's lease (6 s) ends.
 	const delayMs = 10_000
-	schedule := func(session string) string {
-		t.Helper()
-		resp, err := ca.FailedStep(ctx, &retrydv1.FailedStepRequest{
-			SessionId: session, Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"},
-			PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
-				InitialDelayMs: proto.Uint64(delayMs), MaxDelayMs: proto.Uint64(delayMs), JitterRatio: proto.Float64(0)}}},
-		})
-		if err != nil || resp.GetDecision().GetSchedule() == nil {
-			t.Fatalf("FailedStep %s: %v %v", session, resp, err)
-		}
-		return resp.GetDecision().GetSchedule().GetRetryId()
-	}
-	stranded, held := schedule("stranded"), schedule("held")
+	stranded, held := scheduleFixed(ctx, t, ca, "stranded", delayMs), scheduleFixed(ctx, t, ca, "held", delayMs)
 
 	// B holds the awaiter of the stranded retry (its stream stays open
 	// until the test ends), then dies with it.

@@ -10,7 +10,6 @@ import (
 	"github.com/retryd/retryd/store/redis/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 )
 
 // TestExpiry runs two replicas with a 1 s chain TTL. A session idle for
@@ -30,26 +29,13 @@ func TestExpiry(t *testing.T) {
 	ca, cb := retrydv1.NewRetryServiceClient(a.Conn(t)), retrydv1.NewRetryServiceClient(b.Conn(t))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	fail := func(session string, delayMs uint64) string {
-		t.Helper()
-		resp, err := ca.FailedStep(ctx, &retrydv1.FailedStepRequest{
-			SessionId: session, Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"},
-			PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
-				InitialDelayMs: proto.Uint64(delayMs), MaxDelayMs: proto.Uint64(delayMs), JitterRatio: proto.Float64(0)}}},
-		})
-		if err != nil || resp.GetDecision().GetSchedule() == nil {
-			t.Fatalf("FailedStep %s: %v %v", session, resp, err)
-		}
-		return resp.GetDecision().GetSchedule().GetRetryId()
-	}
-
 	// An open chain: its retry started, nothing succeeded since.
-	open := fail("open", 10)
+	open := scheduleFixed(ctx, t, ca, "open", 10)
 	if term, err := terminal(awaitStream(ctx, t, cb, open)); err != nil || term.GetStarted() == nil {
 		t.Fatalf("await %s: %v %v", open, term, err)
 	}
 	// A pending retry due after the TTL, which nobody awaits.
-	pending := fail("pending", 2_500)
+	pending := scheduleFixed(ctx, t, ca, "pending", 2_500)
 
 	expired := waitEvent(ctx, t, a, "open", func(ev *retrydv1.Event) bool {
 		return ev.GetClosed().GetReason() == retrydv1.CloseReason_CLOSE_REASON_EXPIRED

@@ -32,6 +32,21 @@ func awaitStream(ctx context.Context, t *testing.T, c retrydv1.RetryServiceClien
 	return stream
 }
 
+// scheduleFixed reports step 1 of session failing on c with a policy of
+// one fixed delay, and returns the scheduled retry's id.
+func scheduleFixed(ctx context.Context, t *testing.T, c retrydv1.RetryServiceClient, session string, delayMs uint64) string {
+	t.Helper()
+	resp, err := c.FailedStep(ctx, &retrydv1.FailedStepRequest{
+		SessionId: session, Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"},
+		PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
+			InitialDelayMs: proto.Uint64(delayMs), MaxDelayMs: proto.Uint64(delayMs), JitterRatio: proto.Float64(0)}}},
+	})
+	if err != nil || resp.GetDecision().GetSchedule() == nil {
+		t.Fatalf("FailedStep %s: %v %v", session, resp, err)
+	}
+	return resp.GetDecision().GetSchedule().GetRetryId()
+}
+
 // terminal reads the terminal message and the end of the stream.
 func terminal(stream retrydv1.RetryService_AwaitRetryClient) (*retrydv1.AwaitRetryResponse, error) {
 	term, err := stream.Recv()

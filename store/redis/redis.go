@@ -552,8 +552,6 @@ type loaded struct {
 	expired  []string
 	// damaged is why a session's data could not be read.
 	damaged error
-	// fields are the awaiter entries read.
-	fields map[string]string
 }
 
 // load reads sessions with their awaiter counts (GetChains, AwaitRetry:
@@ -588,7 +586,7 @@ func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
 // decodeSession makes a loaded session of its snapshot (nil or empty: no
 // session) and awaiter entries; leases are compared with now (unix ms).
 func decodeSession(id string, b []byte, fields map[string]string, now int64) loaded {
-	l := loaded{fields: fields}
+	var l loaded
 	l.awaiters, l.expired = countAwaiters(fields, now)
 	if len(b) == 0 {
 		return l

@@ -2,10 +2,16 @@ package engine
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // TestCommittedRecordAnswersAsBefore: once Commit compacts the record of a
@@ -92,6 +98,117 @@ func TestCompactRecordRebuildsEveryEventField(t *testing.T) {
 		case "sequence", "session_id", "time":
 		default:
 			t.Errorf("Event has field %s, which a compact step record does not keep (engine/engine.go stepRecord)", fd.Name())
+		}
+	}
+}
+
+// detailHook is fleet protection that only explains itself.
+type detailHook struct{}
+
+func (detailHook) Decided(_ *policy.Policy, _ policy.Attempt, d policy.Decision, _ time.Time) policy.Decision {
+	d.Detail = "paced by the fleet"
+	return d
+}
+
+func (detailHook) Bind(*fleet.ProviderState) {}
+
+// TestRetryMessagesMatchTheirEvents: a retry keeps its decision as fields
+// and builds its RetryScheduled, RetryStarted and RetryCancelled when
+// asked; what it builds equals what its events said, with every optional
+// field set and unset, before and after a snapshot round trip.
+func TestRetryMessagesMatchTheirEvents(t *testing.T) {
+	t.Parallel()
+	bounded := resolve(t, &retrydv1.RetryPolicy{MaxRetries: proto.Uint32(3)})
+	unbounded := resolve(t, &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_SCHEDULE})
+	for _, tc := range []struct {
+		name   string
+		f      Failure
+		cancel bool
+	}{
+		{name: "plain, started", f: Failure{Policy: bounded}},
+		{name: "plain, cancelled", f: Failure{Policy: bounded}, cancel: true},
+		{name: "every text, unbounded, started", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: detailHook{}}},
+		{name: "every text, unbounded, cancelled", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: detailHook{}}, cancel: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewSession("s", base)
+			tc.f.Request = &retrydv1.FailedStepRequest{SessionId: "s", Turn: 2, Step: 3, Provider: "p",
+				LogicalTurnId: "lt", Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}}
+			if tc.f.Fleet == nil {
+				tc.f.Request.LogicalTurnId = ""
+			}
+			out, err := s.Fail(env(0), tc.f)
+			if err != nil || out.Scheduled == nil {
+				t.Fatalf("Fail: %v, %v", err, out.Response)
+			}
+			r := out.Scheduled
+			if got, want := r.Scheduled(), out.Events[0].GetScheduled(); !proto.Equal(got, want) {
+				t.Fatalf("Scheduled()\n%v\nwant the event's\n%v", got, want)
+			}
+			req, sc := tc.f.Request, r.Scheduled()
+			want := &retrydv1.RetryScheduled{RetryId: r.ID, Turn: 2, Step: 3, LogicalTurnId: req.LogicalTurnId,
+				Provider: "p", Mode: tc.f.Policy.Mode, PolicyKey: tc.f.Policy.Key, Failure: req.Failure, RetryNumber: 1,
+				DelayMs: sc.GetDelayMs(), DelaySource: sc.GetDelaySource(), DueAt: timestamppb.New(env(0).Now.Add(time.Duration(sc.GetDelayMs()) * time.Millisecond)),
+				Policy: tc.f.Policy.SharedProto(), Traceparent: tc.f.BackoffTrace}
+			if tc.f.Policy.Bounded {
+				want.MaxRetries = proto.Uint32(tc.f.Policy.MaxRetries)
+			}
+			if tc.f.Fleet != nil {
+				want.Detail = "paced by the fleet"
+			}
+			if !proto.Equal(sc, want) || sc.GetDelayMs() == 0 || sc.GetDelaySource() == retrydv1.DelaySource_DELAY_SOURCE_UNSPECIFIED {
+				t.Fatalf("Scheduled()\n%v\nwant\n%v", sc, want)
+			}
+			s.Commit()
+			if tc.cancel {
+				ev := s.Cancel(env(1), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)[0]
+				want := &retrydv1.RetryCancelled{RetryId: r.ID, Reason: retrydv1.CancelReason_CANCEL_REASON_REQUESTED,
+					Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber()}
+				if !proto.Equal(ev.GetCancelled(), want) || !proto.Equal(r.Cancelled(), want) || r.Started() != nil {
+					t.Fatalf("cancelled: event %v, Cancelled() %v, Started() %v; want %v", ev.GetCancelled(), r.Cancelled(), r.Started(), want)
+				}
+			} else {
+				ev, ok := s.Start(env(1), r)
+				want := &retrydv1.RetryStarted{RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
+					StartedAt: timestamppb.New(env(1).Now), Traceparent: sc.GetTraceparent()}
+				if !ok || !proto.Equal(ev.GetStarted(), want) || !proto.Equal(r.Started(), want) || r.Cancelled() != nil {
+					t.Fatalf("started %t: event %v, Started() %v, Cancelled() %v; want %v", ok, ev.GetStarted(), r.Started(), r.Cancelled(), want)
+				}
+			}
+			s.Commit()
+			restored := roundTrip(t, s).Retry(r.ID)
+			if got, want := restored.State(), r.State(); !proto.Equal(got, want) {
+				t.Fatalf("restored State()\n%v\nwant\n%v", got, want)
+			}
+			if got, want := restored.Terminal(), r.Terminal(); !proto.Equal(got, want) {
+				t.Fatalf("restored Terminal()\n%v\nwant\n%v", got, want)
+			}
+		})
+	}
+}
+
+// TestCompactRetryKeepsEveryField guards Retry's fields: it builds
+// RetryScheduled, RetryStarted and RetryCancelled from what it keeps, so a
+// field added to one of them is lost unless Retry keeps it too.
+func TestCompactRetryKeepsEveryField(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		msg  proto.Message
+		kept string
+	}{
+		{&retrydv1.RetryScheduled{}, "retry_id turn step logical_turn_id provider mode policy_key failure retry_number max_retries delay_ms delay_source due_at policy traceparent detail"},
+		{&retrydv1.RetryStarted{}, "retry_id turn step retry_number started_at traceparent"},
+		{&retrydv1.RetryCancelled{}, "retry_id reason turn step retry_number"},
+	} {
+		fields := tc.msg.ProtoReflect().Descriptor().Fields()
+		kept := strings.Fields(tc.kept)
+		for i := range fields.Len() {
+			if name := string(fields.Get(i).Name()); !slices.Contains(kept, name) {
+				t.Errorf("%s has field %s, which engine.Retry does not keep (engine/engine.go)", tc.msg.ProtoReflect().Descriptor().Name(), name)
+			}
+		}
+		if fields.Len() != len(kept) {
+			t.Errorf("%s has %d fields, the test lists %d", tc.msg.ProtoReflect().Descriptor().Name(), fields.Len(), len(kept))
 		}
 	}
 }

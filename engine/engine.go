@@ -111,25 +111,63 @@ func (c *Chain) attemptList() []string {
 }
 
 // Retry is one scheduled retry.
+//
+// A retry keeps the decision that scheduled it as plain fields, not as the
+// API's RetryScheduled, RetryStarted and RetryCancelled messages: those
+// are built when asked for (Scheduled, Started, Cancelled, State). A
+// store holds every retained retry of every session, and the messages,
+// with their timestamps, oneofs and message state, would make a retry
+// about twice as large and three times as many pointers for the garbage
+// collector to follow (see docs/benchmarks.md, "Compact retries").
 type Retry struct {
 	ID        string
 	SessionID string
-	Scheduled *retrydv1.RetryScheduled
 	Due       time.Time
-	Status    retrydv1.RetryStatus
-	committed bool // terminal, and Commit released it (packed beside Status)
-	Started   *retrydv1.RetryStarted
-	Cancelled *retrydv1.RetryCancelled
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
-	// HeldUntil is when to ask the start gate again after it held the due
-	// retry back (see Env.Gate); Due, the scheduled time, never changes.
-	HeldUntil time.Time
+	Status   retrydv1.RetryStatus
+
+	// The decision, which never changes once made; provider and policy key
+	// are the chain's.
+	mode        retrydv1.Mode
+	source      retrydv1.DelaySource
+	retryNumber uint32
+	maxRetries  uint32 // when bounded
+	bounded     bool
+	committed   bool // terminal, and Commit released it
+	// reason is why a cancelled retry was cancelled.
+	reason     retrydv1.CancelReason
+	turn, step uint64
+	delayMs    uint64
+	// startedAt is when a started retry started, in Unix nanoseconds.
+	startedAt int64
+	// heldUntil is when to ask the start gate again, in Unix nanoseconds
+	// (see HeldUntil).
+	heldUntil int64
+	failure   *retrydv1.Failure     // shared with the report
+	policy    *retrydv1.RetryPolicy // shared with the resolved policy
+	text      *retryText            // nil when every text is empty
+	// stored are a restored retry's messages as the store had them (they
+	// may hold fields this version does not know); nil for a retry this
+	// process scheduled.
+	stored *storedRetry
+
 	// done is made by the first Done call of a retry that is not yet
 	// committed terminal, closed by Commit and then dropped: a retry
 	// nobody awaits never has a channel, a settled one no longer holds it.
 	done  chan struct{}
 	chain *Chain
+}
+
+// retryText is a retry's rarely set strings: most retries have none of them.
+type retryText struct {
+	logicalTurnID, traceparent, detail string
+}
+
+type storedRetry struct {
+	scheduled *retrydv1.RetryScheduled
+	started   *retrydv1.RetryStarted
+	cancelled *retrydv1.RetryCancelled
 }
 
 // closedDone is the Done channel of every committed terminal retry.
@@ -153,26 +191,144 @@ func (r *Retry) Done() <-chan struct{} {
 	return r.done
 }
 
-// State snapshots the retry for the API.
-func (r *Retry) State() *retrydv1.RetryState {
-	return &retrydv1.RetryState{
-		RetryId:   r.ID,
-		SessionId: r.SessionID,
-		Status:    r.Status,
-		Scheduled: r.Scheduled,
-		Started:   r.Started,
-		Cancelled: r.Cancelled,
-		Awaiters:  uint32(r.Awaiters),
+// HeldUntil is when to ask the start gate again after it held the due
+// retry back (see Env.Gate), or the zero time; Due, the scheduled time,
+// never changes.
+func (r *Retry) HeldUntil() time.Time {
+	if r.heldUntil == 0 {
+		return time.Time{}
 	}
+	return time.Unix(0, r.heldUntil)
+}
+
+// Provider is the provider whose failure the retry retries.
+func (r *Retry) Provider() string { return r.chain.Key.Provider }
+
+// Turn and Step are the position of the failed step the retry retries.
+func (r *Retry) Turn() uint64 { return r.turn }
+
+// Step: see Turn.
+func (r *Retry) Step() uint64 { return r.step }
+
+func (r *Retry) textOf() retryText {
+	if r.text == nil {
+		return retryText{}
+	}
+	return *r.text
+}
+
+// Scheduled returns the retry's RetryScheduled record. It is built anew
+// by each call (a restored retry returns the stored one), and immutable:
+// do not modify it.
+func (r *Retry) Scheduled() *retrydv1.RetryScheduled {
+	if r.stored != nil {
+		return r.stored.scheduled
+	}
+	return r.scheduledIn(new(scheduledBlock))
+}
+
+// scheduledBlock is a RetryScheduled and its due time, which live and die
+// together: allocated as one, or inside what holds the record.
+type scheduledBlock struct {
+	sc  retrydv1.RetryScheduled
+	due timestamppb.Timestamp
+}
+
+// scheduledIn builds the RetryScheduled of a retry this process scheduled
+// in x.
+func (r *Retry) scheduledIn(x *scheduledBlock) *retrydv1.RetryScheduled {
+	t := r.textOf()
+	sc := &x.sc
+	sc.RetryId, sc.Turn, sc.Step, sc.LogicalTurnId = r.ID, r.turn, r.step, t.logicalTurnID
+	sc.Provider, sc.Mode, sc.PolicyKey = r.chain.Key.Provider, r.mode, r.chain.Key.PolicyKey
+	sc.Failure, sc.RetryNumber = r.failure, r.retryNumber
+	if r.bounded {
+		max := r.maxRetries
+		sc.MaxRetries = &max
+	}
+	x.due.Seconds, x.due.Nanos = r.Due.Unix(), int32(r.Due.Nanosecond())
+	sc.DelayMs, sc.DelaySource, sc.DueAt, sc.Detail = r.delayMs, r.source, &x.due, t.detail
+	sc.Policy, sc.Traceparent = r.policy, t.traceparent
+	return sc
+}
+
+// Started returns the retry's RetryStarted record, or nil unless it
+// started; built anew by each call, like Scheduled.
+func (r *Retry) Started() *retrydv1.RetryStarted {
+	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_STARTED {
+		return nil
+	}
+	if r.stored != nil && r.stored.started != nil {
+		return r.stored.started
+	}
+	// The record and its time: one allocation.
+	x := new(struct {
+		started retrydv1.RetryStarted
+		time    timestamppb.Timestamp
+	})
+	x.time.Seconds, x.time.Nanos = r.startedAt/1e9, int32(r.startedAt%1e9)
+	st := &x.started
+	st.RetryId, st.Turn, st.Step, st.RetryNumber = r.ID, r.turn, r.step, r.retryNumber
+	st.StartedAt, st.Traceparent = &x.time, r.textOf().traceparent
+	return st
+}
+
+// Cancelled returns the retry's RetryCancelled record, or nil unless it
+// was cancelled; built anew by each call, like Scheduled.
+func (r *Retry) Cancelled() *retrydv1.RetryCancelled {
+	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_CANCELLED {
+		return nil
+	}
+	if r.stored != nil && r.stored.cancelled != nil {
+		return r.stored.cancelled
+	}
+	return r.cancellation(r.reason)
+}
+
+// cancellation is the RetryCancelled record of cancelling r for reason.
+func (r *Retry) cancellation(reason retrydv1.CancelReason) *retrydv1.RetryCancelled {
+	return &retrydv1.RetryCancelled{
+		RetryId: r.ID, Reason: reason, Turn: r.turn, Step: r.step, RetryNumber: r.retryNumber,
+	}
+}
+
+// ShutdownCancelled is the AwaitRetry answer to an awaiter of r that the
+// store sends away because it is closing: the retry did not start for it.
+// It reads only what never changes, so it needs no lock.
+func (r *Retry) ShutdownCancelled() *retrydv1.AwaitRetryResponse {
+	return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{
+		Cancelled: r.cancellation(retrydv1.CancelReason_CANCEL_REASON_SHUTDOWN),
+	}}
+}
+
+// State snapshots the retry for the API.
+func (r *Retry) State() *retrydv1.RetryState { return r.state(r.Cancelled()) }
+
+// state is State with the retry's RetryCancelled (or nil) given.
+func (r *Retry) state(cancelled *retrydv1.RetryCancelled) *retrydv1.RetryState {
+	var st *retrydv1.RetryState
+	if r.stored != nil {
+		st = &retrydv1.RetryState{Scheduled: r.stored.scheduled}
+	} else {
+		x := new(struct { // the state and its RetryScheduled: one allocation
+			st retrydv1.RetryState
+			sb scheduledBlock
+		})
+		st = &x.st
+		st.Scheduled = r.scheduledIn(&x.sb)
+	}
+	st.RetryId, st.SessionId, st.Status = r.ID, r.SessionID, r.Status
+	st.Started, st.Cancelled, st.Awaiters = r.Started(), cancelled, uint32(r.Awaiters)
+	return st
 }
 
 // Terminal returns the terminal AwaitRetry message, or nil while pending.
 func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 	switch r.Status {
 	case retrydv1.RetryStatus_RETRY_STATUS_STARTED:
-		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Started{Started: r.Started}}
+		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Started{Started: r.Started()}}
 	case retrydv1.RetryStatus_RETRY_STATUS_CANCELLED:
-		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: r.Cancelled}}
+		return &retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: r.Cancelled()}}
 	}
 	return nil
 }
@@ -186,11 +342,11 @@ func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 //
 // Once committed, a record of a scheduled decision drops even the event:
 // the event is the session's id, its time, its sequence and the retry's
-// RetryScheduled (which the retry keeps anyway), so the record keeps the
-// time and the sequence and rebuilds an equal event when it is asked
-// (compact). Every pending chain has such a record, so this is what a
-// million pending chains do not hold: an event, its oneof and its
-// timestamp.
+// RetryScheduled (which the retry can build again), so the record keeps
+// the retry, the time and the sequence and rebuilds an equal event when it
+// is asked (compact). Every pending chain has such a record, so this is
+// what a million pending chains do not hold: an event, its oneof, its
+// timestamp and the RetryScheduled with its due time.
 type stepRecord struct {
 	fingerprint [sha256.Size]byte
 	phase       retrydv1.Downstream
@@ -200,11 +356,12 @@ type stepRecord struct {
 	// response is set only for a restored record whose stored response is
 	// not the one responseOf builds; it is answered as stored.
 	response *retrydv1.FailedStepResponse
-	// scheduled, seq and secs (with nanos) are a compact record's event:
-	// its RetryScheduled, sequence and time.
-	scheduled *retrydv1.RetryScheduled
-	seq       uint64
-	secs      int64
+	// retry is the retry a decision of this process scheduled (nil for a
+	// delegation and for a restored record); seq and secs (with nanos) are
+	// a compact record's sequence and time.
+	retry *Retry
+	seq   uint64
+	secs  int64
 }
 
 // Response is the recorded answer.
@@ -226,26 +383,21 @@ func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
 		time timestamppb.Timestamp
 	})
 	x.time.Seconds, x.time.Nanos = r.secs, r.nanos
-	x.kind.Scheduled = r.scheduled
+	x.kind.Scheduled = r.retry.Scheduled()
 	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = r.seq, sessionID, &x.time, &x.kind
 	return &x.ev
 }
 
-// compact drops the event of a committed record of a scheduled decision
-// (see stepRecord). An event the engine did not build as it would rebuild
-// it (a restored one, say, with fields a newer version wrote) is kept.
-func (r *stepRecord) compact(sessionID string) {
-	ev := r.event
-	if ev == nil || r.response != nil || ev.GetSessionId() != sessionID || ev.GetTime() == nil {
+// compact drops the event of a committed record of a decision that
+// scheduled a retry (see stepRecord). Only a record this process made
+// compacts: it knows its event is what eventOf rebuilds. A restored one
+// keeps its event as stored.
+func (r *stepRecord) compact() {
+	if r.event == nil || r.retry == nil || r.event.GetTime() == nil {
 		return
 	}
-	k, ok := ev.GetKind().(*retrydv1.Event_Scheduled)
-	if !ok || k.Scheduled == nil || len(ev.ProtoReflect().GetUnknown()) > 0 ||
-		len(ev.GetTime().ProtoReflect().GetUnknown()) > 0 {
-		return
-	}
-	r.scheduled, r.seq = k.Scheduled, ev.GetSequence()
-	r.secs, r.nanos = ev.GetTime().GetSeconds(), ev.GetTime().GetNanos()
+	r.seq = r.event.GetSequence()
+	r.secs, r.nanos = r.event.GetTime().GetSeconds(), r.event.GetTime().GetNanos()
 	r.event = nil
 }
 
@@ -488,7 +640,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 	if s.pending != nil {
 		return FailOutcome{}, &Error{Kind: KindPending, RetryID: s.pending.ID, Message: fmt.Sprintf(
 			"session has scheduled retry %s (turn %d step %d) that has not started; await or cancel it first",
-			s.pending.ID, s.pending.Scheduled.GetTurn(), s.pending.Scheduled.GetStep())}
+			s.pending.ID, s.pending.turn, s.pending.step)}
 	}
 	if s.cancelled != nil && *s.cancelled == pos && phase != retrydv1.Downstream_DOWNSTREAM_NOT_ASKED {
 		return FailOutcome{}, errorf(KindClosed,
@@ -503,6 +655,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 
 	var out FailOutcome
 	var ev *retrydv1.Event // the decision's: scheduled or delegated
+	var scheduled *Retry
 	if f.Policy == nil {
 		ev = s.delegated(env, f, phase, policy.Decision{
 			Reason: retrydv1.DelegateReason_DELEGATE_REASON_NO_PROVIDER,
@@ -558,12 +711,14 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 				chain.Max = &p.MaxRetries
 			}
 			r := s.schedule(env, f, chain, d)
-			x := new(struct { // the event, its oneof and its time: one allocation
+			scheduled = r
+			x := new(struct { // the event, its oneof, its time and the record: one allocation
 				ev   retrydv1.Event
 				kind retrydv1.Event_Scheduled
 				time timestamppb.Timestamp
+				sb   scheduledBlock
 			})
-			x.kind.Scheduled = r.Scheduled
+			x.kind.Scheduled = r.scheduledIn(&x.sb)
 			x.ev.Kind = &x.kind
 			ev = s.event(env, &x.ev, &x.time)
 			out.Events = append(out.Events, ev)
@@ -577,7 +732,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 			}
 		}
 	}
-	s.setRecord(stepRecord{phase: phase, fingerprint: fp, event: ev})
+	s.setRecord(stepRecord{phase: phase, fingerprint: fp, event: ev, retry: scheduled})
 	s.Updated = env.Now
 	out.Response = responseOf(ev)
 	return out, nil
@@ -615,27 +770,27 @@ func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d pol
 
 func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) *Retry {
 	req, p := f.Request, f.Policy
-	due := env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond)
-	// The retry, its record and the record's due time are one allocation:
-	// the retry keeps the record for as long as it lives, and nothing
-	// refers to the due time for longer than to the record.
-	x := new(struct {
-		r   Retry
-		sc  retrydv1.RetryScheduled
-		due timestamppb.Timestamp
-	})
-	r := &x.r
-	r.ID, r.SessionID, r.Due, r.Status, r.chain = env.NewID(), s.ID, due, retrydv1.RetryStatus_RETRY_STATUS_PENDING, chain
-	x.due.Seconds, x.due.Nanos = due.Unix(), int32(due.Nanosecond())
-	sc := &x.sc
-	sc.RetryId = r.ID
-	sc.Turn, sc.Step, sc.LogicalTurnId = req.GetTurn(), req.GetStep(), req.GetLogicalTurnId()
-	sc.Provider, sc.Mode, sc.PolicyKey = req.GetProvider(), p.Mode, p.Key
-	sc.Failure = req.GetFailure()
-	sc.RetryNumber, sc.MaxRetries = d.RetryNumber, chain.Max
-	sc.DelayMs, sc.DelaySource, sc.DueAt, sc.Detail = d.DelayMs, d.Source, &x.due, d.Detail
-	sc.Policy, sc.Traceparent = p.SharedProto(), f.BackoffTrace
-	r.Scheduled = sc
+	r := &Retry{
+		ID:          env.NewID(),
+		SessionID:   s.ID,
+		Due:         env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond),
+		Status:      retrydv1.RetryStatus_RETRY_STATUS_PENDING,
+		mode:        p.Mode,
+		source:      d.Source,
+		retryNumber: d.RetryNumber,
+		turn:        req.GetTurn(),
+		step:        req.GetStep(),
+		delayMs:     d.DelayMs,
+		failure:     req.GetFailure(),
+		policy:      p.SharedProto(),
+		chain:       chain,
+	}
+	if chain.Max != nil {
+		r.maxRetries, r.bounded = *chain.Max, true
+	}
+	if lt, tp, dt := req.GetLogicalTurnId(), f.BackoffTrace, d.Detail; lt != "" || tp != "" || dt != "" {
+		r.text = &retryText{lt, tp, dt}
+	}
 	chain.Retries = d.RetryNumber
 	chain.Latest = r
 	chain.Updated = env.Now
@@ -683,7 +838,7 @@ func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *re
 // r's awaiters are released by the store's next Commit.
 //
 // With env.Gate, a retry the gate holds does not start: Start returns
-// false with r.HeldUntil set to when to ask again (in memory only: a
+// false with r.HeldUntil() set to when to ask again (in memory only: a
 // restored session asks the gate again when its timer fires).
 func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
@@ -691,22 +846,13 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	}
 	if env.Gate != nil {
 		if at, held := env.Gate(r, env.Now); held {
-			r.HeldUntil = at
+			r.heldUntil = at.UnixNano()
 			return nil, false
 		}
 	}
-	sc := r.Scheduled
 	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED
-	// The record and its time (which the event shares) are one allocation;
-	// the event and its oneof another, as the log drops them first.
-	st := new(struct {
-		started retrydv1.RetryStarted
-		time    timestamppb.Timestamp
-	})
-	st.started.RetryId, st.started.Turn, st.started.Step = r.ID, sc.GetTurn(), sc.GetStep()
-	st.started.RetryNumber, st.started.StartedAt = sc.GetRetryNumber(), &st.time
-	st.started.Traceparent = sc.GetTraceparent()
-	r.Started = &st.started
+	r.startedAt = env.Now.UnixNano()
+	started := r.Started()
 	if s.pending == r {
 		s.pending = nil
 	}
@@ -717,9 +863,9 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 		ev   retrydv1.Event
 		kind retrydv1.Event_Started
 	})
-	x.kind.Started = r.Started
+	x.kind.Started = started
 	x.ev.Kind = &x.kind
-	return s.event(env, &x.ev, &st.time), true
+	return s.event(env, &x.ev, started.StartedAt), true
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
@@ -729,22 +875,21 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 		return nil
 	}
-	sc := r.Scheduled
-	r.Status = retrydv1.RetryStatus_RETRY_STATUS_CANCELLED
-	r.Cancelled = &retrydv1.RetryCancelled{
-		RetryId: r.ID, Reason: reason, Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
-	}
+	r.Status, r.reason = retrydv1.RetryStatus_RETRY_STATUS_CANCELLED, reason
 	if s.pending == r {
 		s.pending = nil
 	}
 	s.Updated = env.Now
 	s.settle(r)
-	x := new(struct { // the event, its oneof and its time: one allocation
-		ev   retrydv1.Event
-		kind retrydv1.Event_Cancelled
-		time timestamppb.Timestamp
+	x := new(struct { // the event, its oneof, its time and the record: one allocation
+		ev        retrydv1.Event
+		kind      retrydv1.Event_Cancelled
+		time      timestamppb.Timestamp
+		cancelled retrydv1.RetryCancelled
 	})
-	x.kind.Cancelled = r.Cancelled
+	c := &x.cancelled
+	c.RetryId, c.Reason, c.Turn, c.Step, c.RetryNumber = r.ID, reason, r.turn, r.step, r.retryNumber
+	x.kind.Cancelled = c
 	x.ev.Kind = &x.kind
 	evs := make([]*retrydv1.Event, 1, 2)
 	evs[0] = s.event(env, &x.ev, &x.time)
@@ -760,7 +905,7 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation bool, evs []*retrydv1.Event) {
 	if r := s.pending; r != nil {
 		evs = s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)
-		states = []*retrydv1.RetryState{r.State()}
+		states = []*retrydv1.RetryState{r.state(evs[0].GetCancelled())}
 	}
 	if d := s.delegation; d != nil {
 		evs = append(evs, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
@@ -864,7 +1009,7 @@ func (s *Session) Retries() []*Retry { return s.retries }
 // stepRecord): once committed, their events carry their final sequence.
 func (s *Session) Commit() {
 	for i := range s.records {
-		s.records[i].compact(s.ID)
+		s.records[i].compact()
 	}
 	if s.settled == nil {
 		return

@@ -14,9 +14,9 @@ import (
 )
 
 // Snapshot returns the session's whole state in the storage schema, for a
-// durable store to write. It shares the session's immutable records (the
-// scheduled, started and cancelled messages and the stored responses), so
-// marshal it before the session changes again. Connected awaiters and Done
+// durable store to write. It shares the session's immutable records (a
+// restored retry's messages, the failure, the policy, stored responses),
+// so marshal it before the session changes again. Connected awaiters and Done
 // channels are runtime state and are not part of it.
 func (s *Session) Snapshot() *statev1.Session {
 	out := &statev1.Session{Id: s.ID, UpdatedAt: timestamp(s.Updated)}
@@ -70,9 +70,9 @@ func retryState(r *Retry) *statev1.Retry {
 	return &statev1.Retry{
 		Chain:     &statev1.ChainKey{Provider: r.chain.Key.Provider, PolicyKey: r.chain.Key.PolicyKey},
 		Status:    r.Status,
-		Scheduled: r.Scheduled,
-		Started:   r.Started,
-		Cancelled: r.Cancelled,
+		Scheduled: r.Scheduled(),
+		Started:   r.Started(),
+		Cancelled: r.Cancelled(),
 	}
 }
 
@@ -221,24 +221,40 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 		return nil, fmt.Errorf("engine: restore session %q: retry %s belongs to unknown chain %s / %s",
 			s.ID, sc.GetRetryId(), key.Provider, key.PolicyKey)
 	}
+	started, cancelled := pr.GetStarted(), pr.GetCancelled()
 	r := &Retry{
-		ID:        sc.GetRetryId(),
-		SessionID: s.ID,
-		Scheduled: sc,
-		Due:       sc.GetDueAt().AsTime(),
-		Status:    pr.GetStatus(),
-		Started:   pr.GetStarted(),
-		Cancelled: pr.GetCancelled(),
-		chain:     chain,
+		ID:          sc.GetRetryId(),
+		SessionID:   s.ID,
+		Due:         sc.GetDueAt().AsTime(),
+		Status:      pr.GetStatus(),
+		mode:        sc.GetMode(),
+		source:      sc.GetDelaySource(),
+		retryNumber: sc.GetRetryNumber(),
+		maxRetries:  sc.GetMaxRetries(),
+		bounded:     sc.MaxRetries != nil,
+		reason:      cancelled.GetReason(),
+		turn:        sc.GetTurn(),
+		step:        sc.GetStep(),
+		delayMs:     sc.GetDelayMs(),
+		failure:     sc.GetFailure(),
+		policy:      sc.GetPolicy(),
+		stored:      &storedRetry{sc, started, cancelled},
+		chain:       chain,
+	}
+	if started.GetStartedAt() != nil {
+		r.startedAt = started.GetStartedAt().AsTime().UnixNano()
+	}
+	if lt, tp, dt := sc.GetLogicalTurnId(), sc.GetTraceparent(), sc.GetDetail(); lt != "" || tp != "" || dt != "" {
+		r.text = &retryText{lt, tp, dt}
 	}
 	switch {
-	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && r.Started == nil && r.Cancelled == nil:
-	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_STARTED && r.Started != nil && r.Cancelled == nil,
-		r.Status == retrydv1.RetryStatus_RETRY_STATUS_CANCELLED && r.Cancelled != nil && r.Started == nil:
+	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && started == nil && cancelled == nil:
+	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_STARTED && started != nil && cancelled == nil,
+		r.Status == retrydv1.RetryStatus_RETRY_STATUS_CANCELLED && cancelled != nil && started == nil:
 		r.committed = true // recovered terminal: Done is closed
 	default:
 		return nil, fmt.Errorf("engine: restore session %q: retry %s has status %s with started=%t cancelled=%t",
-			s.ID, r.ID, r.Status, r.Started != nil, r.Cancelled != nil)
+			s.ID, r.ID, r.Status, started != nil, cancelled != nil)
 	}
 	return r, nil
 }
@@ -261,8 +277,8 @@ type chainValue struct {
 type retryValue struct {
 	retry     *Retry
 	status    retrydv1.RetryStatus
-	started   *retrydv1.RetryStarted
-	cancelled *retrydv1.RetryCancelled
+	reason    retrydv1.CancelReason
+	startedAt int64
 }
 
 // Checkpoint captures the session for a later Revert.
@@ -279,7 +295,7 @@ func (s *Session) Checkpoint() *Checkpoint {
 		cp.chains = append(cp.chains, chainValue{c, *c}) // attempts are never modified in place
 	}
 	for _, r := range s.retries {
-		cp.retries = append(cp.retries, retryValue{r, r.Status, r.Started, r.Cancelled})
+		cp.retries = append(cp.retries, retryValue{r, r.Status, r.reason, r.startedAt})
 	}
 	return cp
 }
@@ -295,6 +311,6 @@ func (s *Session) Revert(cp *Checkpoint) {
 		*c.chain = c.value
 	}
 	for _, r := range cp.retries {
-		r.retry.Status, r.retry.Started, r.retry.Cancelled = r.status, r.started, r.cancelled
+		r.retry.Status, r.retry.reason, r.retry.startedAt = r.status, r.reason, r.startedAt
 	}
 }

@@ -299,13 +299,13 @@ func (s *Store) startGate(r *engine.Retry, now time.Time) (time.Time, bool) {
 	if g == nil {
 		return time.Time{}, false
 	}
-	return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), nil, now)
+	return (*g).Start(r.SessionID, r.Provider(), nil, now)
 }
 
 // held re-arms the due timer of a retry the start gate held back.
 func (s *Store) held(r *engine.Retry) {
-	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(r.HeldUntil) {
-		s.timers.push(r.HeldUntil, r, timerDue)
+	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(r.HeldUntil()) {
+		s.timers.push(r.HeldUntil(), r, timerDue)
 	}
 }
 
@@ -453,11 +453,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		return ctx.Err()
 	case <-s.closing:
 		leave()
-		sc := r.Scheduled
-		return send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: &retrydv1.RetryCancelled{
-			RetryId: r.ID, Reason: retrydv1.CancelReason_CANCEL_REASON_SHUTDOWN,
-			Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
-		}}})
+		return send(r.ShutdownCancelled())
 	}
 }
 

@@ -669,11 +669,11 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			fleets = map[string]*fleet.ProviderState{}
 		}
 		env.Gate = func(r *engine.Retry, now time.Time) (time.Time, bool) {
-			key, ok := (*g).FleetKey(r.SessionID, r.Scheduled.GetProvider())
+			key, ok := (*g).FleetKey(r.SessionID, r.Provider())
 			if !ok {
 				return time.Time{}, false
 			}
-			return (*g).Start(r.SessionID, r.Scheduled.GetProvider(), s.recallFleet(c, p, fleets, key), now)
+			return (*g).Start(r.SessionID, r.Provider(), s.recallFleet(c, p, fleets, key), now)
 		}
 	}
 	txns := make([]*txn, len(ids))
@@ -905,7 +905,7 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 				t.changed(ev)
 				t.clearTimer(retryID)
 			} else {
-				t.setTimer(r, r.HeldUntil) // held by the start gate
+				t.setTimer(r, r.HeldUntil()) // held by the start gate
 			}
 		case now.Before(s.abandonAt(r)):
 			t.setTimer(r, s.abandonAt(r))
@@ -989,11 +989,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 			return ctx.Err()
 		case <-s.closing:
 			release()
-			sc := r.Scheduled
-			return send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_Cancelled{Cancelled: &retrydv1.RetryCancelled{
-				RetryId: r.ID, Reason: retrydv1.CancelReason_CANCEL_REASON_SHUTDOWN,
-				Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
-			}}})
+			return send(r.ShutdownCancelled())
 		}
 		release()
 	}

@@ -5,8 +5,10 @@
 // p50/p99 latency and the server's own CPU time per request (utime+stime
 // from /proc/<pid>/stat). With Config.RedisPeer it also runs retryd on a
 // redis-server of its own and redis-benchmark's EVALSHA against the same
-// server (redispeer.go). Run it with go run ./bench/cmd/retryd-bench;
-// docs/benchmarks.md describes the load and the numbers.
+// server (redispeer.go), and with Config.RatelimitBin envoyproxy/ratelimit
+// on that server too (ratelimit.go). Run it with
+// go run ./bench/cmd/retryd-bench; docs/benchmarks.md describes the load
+// and the numbers.
 package bench
 
 import (
@@ -74,6 +76,13 @@ type Config struct {
 	// saturation only: redis-benchmark has no fixed rate), interleaved
 	// with the other targets. Needs redis-server and redis-benchmark.
 	RedisPeer bool
+	// RatelimitBin, when set, is an envoyproxy/ratelimit binary (its
+	// src/service_cmd, built by the user: the harness never builds or
+	// downloads it) to run as one more target of the Redis part,
+	// "ratelimit", on the same redis-server (ratelimit.go): one
+	// ShouldRateLimit call per decision, saturation only, interleaved with
+	// the other targets. It implies RedisPeer.
+	RatelimitBin string
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
 }
@@ -129,6 +138,8 @@ type target struct {
 	// peer marks the redis-benchmark target; peerRate is its last rate.
 	peer     bool
 	peerRate float64
+	// saturationOnly skips the target in the fixed-rate mode.
+	saturationOnly bool
 }
 
 // Run builds and starts the servers, runs every phase and stops the
@@ -141,6 +152,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if cfg.Workers < 1 || cfg.Conns < 1 || cfg.Rounds < 1 || cfg.Duration <= 0 {
 		return nil, fmt.Errorf("bench: workers, conns, rounds and duration must be positive (got %d, %d, %d, %v)",
 			cfg.Workers, cfg.Conns, cfg.Rounds, cfg.Duration)
+	}
+	if cfg.RatelimitBin != "" {
+		if _, err := os.Stat(cfg.RatelimitBin); err != nil {
+			return nil, fmt.Errorf("bench: ratelimit binary: %w", err)
+		}
+		cfg.RedisPeer = true
 	}
 	dir, err := os.MkdirTemp("", "retryd-bench-")
 	if err != nil {
@@ -220,7 +237,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 		targets = append(targets, &target{name: retrydRedisName, proc: p, new: newRetrydCaller, redis: rs},
-			&target{name: peerName, proc: rs.proc, redis: rs, peer: true})
+			&target{name: peerName, proc: rs.proc, redis: rs, peer: true, saturationOnly: true})
+	}
+	var rl *target
+	if cfg.RatelimitBin != "" {
+		p, err := startRatelimit(ctx, cfg.RatelimitBin, dir, rs.addr, noTrace)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintln(logw, "ratelimit on", p.addr, "pid", p.cmd.Process.Pid)
+		rl = &target{name: ratelimitName, proc: p, new: newRatelimitCaller, redis: rs, saturationOnly: true}
+		targets = append(targets, rl)
 	}
 	if cfg.Gubernator {
 		fmt.Fprintln(logw, "building gubernator v2.13.0 from tools/gubernator")
@@ -247,6 +274,14 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			return nil, err
 		}
 	}
+	if rl != nil {
+		if err := waitReady(ctx, rl, cfg); err != nil {
+			return nil, err
+		}
+		if err := checkLoopbackOnly(rl.proc.cmd.Process.Pid); err != nil {
+			return nil, err
+		}
+	}
 	var modes []int // 0: saturation, else the fixed rate
 	if !cfg.SkipSaturation {
 		modes = append(modes, 0)
@@ -259,8 +294,8 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	for _, rate := range modes {
 		for round := 1; round <= cfg.Rounds; round++ {
 			for _, t := range targets {
-				if t.peer && rate > 0 {
-					continue // redis-benchmark has no fixed-rate mode
+				if t.saturationOnly && rate > 0 {
+					continue // redis-benchmark has no fixed-rate mode; ratelimit runs beside it
 				}
 				phase++
 				r, err := runPhase(ctx, t, cfg, rate, round, fmt.Sprintf("p%d-", phase))
@@ -273,13 +308,19 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 			}
 		}
 	}
+	if rl != nil {
+		// Every socket it opened during the run, too.
+		if err := checkLoopbackOnly(rl.proc.cmd.Process.Pid); err != nil {
+			return results, err
+		}
+	}
 	if cfg.ProfileDir != "" {
 		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
 			return results, err
 		}
 		for _, rate := range modes {
 			for _, t := range targets {
-				if t.peer {
+				if t.peer || t.saturationOnly && rate > 0 {
 					continue
 				}
 				files, err := profileTarget(ctx, t, cfg, rate, cfg.ProfileDir)

@@ -57,7 +57,8 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 
 // writeRedisTable writes the Redis part's phases (those with Redis
 // counters): per phase what each decision cost Redis, then retryd@redis'
-// ratios to the peer, then the commands per decision by command.
+// ratios to each peer (redis EVALSHA, ratelimit), then the commands per
+// decision by command.
 func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
 	var rs []Result
 	for _, r := range results {
@@ -74,38 +75,31 @@ func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
 		"(retryd: every RPC of the mix, each one session transition). Counters are Redis' own (INFO stats, commandstats) "+
 		"over the measured phase; read events (total_reads_processed) count the reads of client sockets, one per round "+
 		"trip of a client that waits for each reply; scripts count retryd's group commits (one commit script each) and "+
-		"the peer's calls.\n\n", retrydRedisName, peerName, cfg.Workers, cfg.KeySpace)
-	b.WriteString("| mode | round | target | decisions | decisions/s | p50 | p99 | Redis commands / decision | Redis read events / decision | scripts (EVALSHA + EVAL) / decision | Redis bytes in / decision | Redis CPU / decision | retryd CPU / decision | errors |\n")
+		"the peer's calls.", retrydRedisName, peerName, cfg.Workers, cfg.KeySpace)
+	if _, ok := findTarget(rs, ratelimitName); ok {
+		fmt.Fprintf(b, " %s is envoyproxy/ratelimit on the same redis-server, one ShouldRateLimit per decision (one "+
+			"descriptor, a key of the same key space, 100 per minute: INCRBY+EXPIRE in one pipeline), %d workers over %d "+
+			"gRPC connections like the other gRPC targets; OK and OVER_LIMIT both count as decisions.", ratelimitName, cfg.Workers, cfg.Conns)
+	}
+	b.WriteString("\n\n| mode | round | target | decisions | decisions/s | p50 | p99 | Redis commands / decision | Redis read events / decision | scripts (EVALSHA + EVAL) / decision | Redis bytes in / decision | Redis CPU / decision | server CPU / decision (retryd, ratelimit) | errors |\n")
 	b.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rs {
 		d := r.Redis
-		retrydCPU := "—"
+		serverCPU := "—"
 		if r.Target != peerName {
-			retrydCPU = us(r.CPUPerCall())
+			serverCPU = us(r.CPUPerCall())
 		}
 		fmt.Fprintf(b, "| %s | %d | %s | %d | %.0f | %s | %s | %.2f | %.2f | %.3f | %.0f | %s | %s | %d |\n",
 			r.Mode, r.Round, r.Target, r.Calls, r.RPS(), us(r.P50), us(r.P99), per(d.Commands, r), per(d.Reads, r),
-			per(d.ByCommand["evalsha"]+d.ByCommand["eval"], r), per(d.NetIn, r), us(time.Duration(d.CPU/float64(r.Calls)*1e9)), retrydCPU, r.Errors)
+			per(d.ByCommand["evalsha"]+d.ByCommand["eval"], r), per(d.NetIn, r), us(time.Duration(d.CPU/float64(r.Calls)*1e9)), serverCPU, r.Errors)
 	}
-	b.WriteString("\n| mode | round | retryd@redis decisions/s ÷ EVALSHA calls/s | Redis CPU / decision ratio | Redis read events / decision ratio |\n| --- | --- | ---: | ---: | ---: |\n")
-	var aCalls, bCalls, aReads, bReads int64
-	var aSec, bSec, aCPU, bCPU float64
-	for round := 1; round <= cfg.Rounds; round++ {
-		a, okA := find(rs, retrydRedisName, "saturation", round)
-		o, okB := find(rs, peerName, "saturation", round)
-		if !okA || !okB {
-			continue
-		}
-		fmt.Fprintf(b, "| saturation | %d | %.2f | %.2f | %.2f |\n", round, a.RPS()/o.RPS(),
-			(a.Redis.CPU/float64(a.Calls))/(o.Redis.CPU/float64(o.Calls)), per(a.Redis.Reads, a)/per(o.Redis.Reads, o))
-		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
-		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
-		aCPU, bCPU = aCPU+a.Redis.CPU, bCPU+o.Redis.CPU
-		aReads, bReads = aReads+a.Redis.Reads, bReads+o.Redis.Reads
+	if _, ok := findTarget(rs, peerName); ok {
+		b.WriteString("\n| mode | round | retryd@redis decisions/s ÷ EVALSHA calls/s | Redis CPU / decision ratio | Redis read events / decision ratio |\n| --- | --- | ---: | ---: | ---: |\n")
+		writeRedisRatios(b, cfg, rs, peerName, false)
 	}
-	if aCalls > 0 && bCalls > 0 {
-		fmt.Fprintf(b, "| saturation | pooled | %.2f | %.2f | %.2f |\n", (float64(aCalls)/aSec)/(float64(bCalls)/bSec),
-			(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aReads)/float64(aCalls))/(float64(bReads)/float64(bCalls)))
+	if _, ok := findTarget(rs, ratelimitName); ok {
+		b.WriteString("\n| mode | round | retryd@redis decisions/s ÷ ratelimit decisions/s | Redis CPU / decision ratio | Redis read events / decision ratio | Redis commands / decision ratio | server CPU / decision ratio | p99 ratio |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		writeRedisRatios(b, cfg, rs, ratelimitName, true)
 	}
 	// Commands per decision by command, pooled over the rounds of a mode.
 	b.WriteString("\n| mode | target | Redis commands per decision, by command (pooled over rounds) |\n| --- | --- | --- |\n")
@@ -136,6 +130,49 @@ func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
 			fmt.Fprintf(b, "| %s | %s | %s |\n", mode, target, strings.Join(parts, ", "))
 		}
 	}
+}
+
+// writeRedisRatios writes retryd@redis' saturation ratios to base, per
+// round and pooled over the rounds: decisions/s, Redis CPU and read events
+// per decision and, with server, Redis commands, the server's own CPU per
+// decision and p99 (for a gRPC peer: ratelimit).
+func writeRedisRatios(b *strings.Builder, cfg Config, rs []Result, base string, server bool) {
+	per := func(n int64, r Result) float64 { return float64(n) / float64(r.Calls) }
+	var aCalls, bCalls, aReads, bReads, aCmds, bCmds int64
+	var aSec, bSec, aCPU, bCPU, aSrv, bSrv float64
+	for round := 1; round <= cfg.Rounds; round++ {
+		a, okA := find(rs, retrydRedisName, "saturation", round)
+		o, okB := find(rs, base, "saturation", round)
+		if !okA || !okB {
+			continue
+		}
+		fmt.Fprintf(b, "| saturation | %d | %.2f | %.2f | %.2f |", round, a.RPS()/o.RPS(),
+			(a.Redis.CPU/float64(a.Calls))/(o.Redis.CPU/float64(o.Calls)), per(a.Redis.Reads, a)/per(o.Redis.Reads, o))
+		if server {
+			fmt.Fprintf(b, " %.2f | %.2f | %.2f |", per(a.Redis.Commands, a)/per(o.Redis.Commands, o),
+				ratio(a.CPUPerCall(), o.CPUPerCall()), ratio(a.P99, o.P99))
+		}
+		b.WriteString("\n")
+		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
+		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
+		aCPU, bCPU = aCPU+a.Redis.CPU, bCPU+o.Redis.CPU
+		aReads, bReads = aReads+a.Redis.Reads, bReads+o.Redis.Reads
+		aCmds, bCmds = aCmds+a.Redis.Commands, bCmds+o.Redis.Commands
+		aSrv, bSrv = aSrv+a.ServerCPU, bSrv+o.ServerCPU
+	}
+	if aCalls == 0 || bCalls == 0 {
+		return
+	}
+	fmt.Fprintf(b, "| saturation | pooled | %.2f | %.2f | %.2f |", (float64(aCalls)/aSec)/(float64(bCalls)/bSec),
+		(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aReads)/float64(aCalls))/(float64(bReads)/float64(bCalls)))
+	if server {
+		srv := ""
+		if bSrv > 0 {
+			srv = fmt.Sprintf("%.2f", (aSrv/float64(aCalls))/(bSrv/float64(bCalls)))
+		}
+		fmt.Fprintf(b, " %.2f | %s | |", (float64(aCmds)/float64(aCalls))/(float64(bCmds)/float64(bCalls)), srv)
+	}
+	b.WriteString("\n")
 }
 
 // writeRatios writes subject's ratios to base in mode, per round and
@@ -174,6 +211,15 @@ func ratio(a, b time.Duration) float64 {
 func find(results []Result, target, mode string, round int) (Result, bool) {
 	for _, r := range results {
 		if r.Target == target && r.Mode == mode && r.Round == round {
+			return r, true
+		}
+	}
+	return Result{}, false
+}
+
+func findTarget(results []Result, target string) (Result, bool) {
+	for _, r := range results {
+		if r.Target == target {
 			return r, true
 		}
 	}

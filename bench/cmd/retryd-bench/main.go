@@ -1,10 +1,20 @@
 // Command retryd-bench runs retryd's load benchmark (package bench) and
 // writes a markdown results table to stdout and, with --out, to a file.
 //
-//	go run ./bench/cmd/retryd-bench [--duration 10s] [--rounds 2] [--workers 32]
-//	    [--rate 2000] [--gubernator] [--redis-peer] [--base-src DIR] [--profile DIR]
+//	go run ./bench/cmd/retryd-bench [--duration 10s] [--warmup 2s] [--rounds 2]
+//	    [--workers 32] [--conns 2] [--rate 2000] [--skip-saturation] [--sessions 10000]
+//	    [--gubernator] [--redis-peer [--ratelimit-bin PATH]] [--base-src DIR]
+//	    [--retryd-env KEY=VALUE]… [--no-metrics] [--profile DIR]
 //	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
-//	    [--skip-ab] [--out bench-results.md]
+//	    [--scale-src DIR] [--skip-ab] [--out bench-results.md]
+//
+// --redis-peer adds the Redis part: a redis-server of the harness's own,
+// retryd on --store redis:// against it ("retryd@redis") and redis-benchmark
+// EVALSHA of a token bucket ("redis EVALSHA"). --ratelimit-bin PATH adds
+// envoyproxy/ratelimit ("ratelimit") on the same redis-server, saturation
+// only; it implies --redis-peer. PATH is a binary of ratelimit's
+// ./src/service_cmd that you built yourself, outside this repository: the
+// harness never downloads or builds it.
 //
 // Every server it starts listens on 127.0.0.1 only. See docs/benchmarks.md.
 package main
@@ -54,6 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.Samples, "samples", cfg.Samples, "latency samples kept per phase")
 	fs.BoolVar(&cfg.Gubernator, "gubernator", false, "also run gubernator v2.13.0 (tools/gubernator) single-node on loopback")
 	fs.BoolVar(&cfg.RedisPeer, "redis-peer", false, "also run retryd on --store redis:// against a redis-server of its own on loopback, and redis-benchmark EVALSHA of a token bucket against the same server (needs redis-server, redis-benchmark)")
+	fs.StringVar(&cfg.RatelimitBin, "ratelimit-bin", "", "also run envoyproxy/ratelimit from this binary (its ./src/service_cmd, built by you outside the repo; never built or downloaded here) on the --redis-peer redis-server, as target ratelimit, saturation only; implies --redis-peer")
 	fs.Func("retryd-env", "KEY=VALUE in retryd's environment (repeatable), e.g. GOGC=off", func(v string) error {
 		if !strings.Contains(v, "=") {
 			return fmt.Errorf("want KEY=VALUE, got %q", v)

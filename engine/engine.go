@@ -92,7 +92,8 @@ type Chain struct {
 	Retries uint32
 	Open    bool
 	Latest  *Retry
-	Updated time.Time
+	// updated is when a transition last changed it, in Unix nanoseconds.
+	updated int64
 	// attempts are the W3C traceparents of the chain's failed attempts,
 	// oldest first, at most MaxChainAttempts; nil when there are none.
 	// The slice is never modified in place (a new attempt replaces it), so
@@ -122,7 +123,6 @@ func (c *Chain) attemptList() []string {
 type Retry struct {
 	ID        string
 	SessionID string
-	Due       time.Time
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
 	Status   retrydv1.RetryStatus
@@ -144,9 +144,14 @@ type Retry struct {
 	// heldUntil is when to ask the start gate again, in Unix nanoseconds
 	// (see HeldUntil).
 	heldUntil int64
-	failure   *retrydv1.Failure     // shared with the report
-	policy    *retrydv1.RetryPolicy // shared with the resolved policy
-	text      *retryText            // nil when every text is empty
+	// due is when the backoff ends, in Unix nanoseconds (see Due).
+	due int64
+	// seq is the sequence of the event that scheduled it, once its step
+	// record is compact (see stepRecord).
+	seq     uint64
+	failure *retrydv1.Failure     // shared with the report
+	policy  *retrydv1.RetryPolicy // shared with the resolved policy
+	text    *retryText            // nil when every text is empty
 	// stored are a restored retry's messages as the store had them (they
 	// may hold fields this version does not know); nil for a retry this
 	// process scheduled.
@@ -190,6 +195,9 @@ func (r *Retry) Done() <-chan struct{} {
 	}
 	return r.done
 }
+
+// Due is when the retry's backoff ends: its scheduled start.
+func (r *Retry) Due() time.Time { return time.Unix(0, r.due) }
 
 // HeldUntil is when to ask the start gate again after it held the due
 // retry back (see Env.Gate), or the zero time; Due, the scheduled time,
@@ -246,7 +254,7 @@ func (r *Retry) scheduledIn(x *scheduledBlock) *retrydv1.RetryScheduled {
 		max := r.maxRetries
 		sc.MaxRetries = &max
 	}
-	x.due.Seconds, x.due.Nanos = r.Due.Unix(), int32(r.Due.Nanosecond())
+	x.due.Seconds, x.due.Nanos = r.due/1e9, int32(r.due%1e9)
 	sc.DelayMs, sc.DelaySource, sc.DueAt, sc.Detail = r.delayMs, r.source, &x.due, t.detail
 	sc.Policy, sc.Traceparent = r.policy, t.traceparent
 	return sc
@@ -350,18 +358,16 @@ func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 type stepRecord struct {
 	fingerprint [sha256.Size]byte
 	phase       retrydv1.Downstream
-	nanos       int32 // compact: the event's time, nanoseconds part
 	// event is the decision's event, nil once compact.
 	event *retrydv1.Event
 	// response is set only for a restored record whose stored response is
 	// not the one responseOf builds; it is answered as stored.
 	response *retrydv1.FailedStepResponse
 	// retry is the retry a decision of this process scheduled (nil for a
-	// delegation and for a restored record); seq and secs (with nanos) are
-	// a compact record's sequence and time.
+	// delegation and for a restored record). A compact record's event is
+	// the retry's: its sequence (Retry.seq) and time (the due time less
+	// the delay).
 	retry *Retry
-	seq   uint64
-	secs  int64
 }
 
 // Response is the recorded answer.
@@ -377,14 +383,17 @@ func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
 	if r.event != nil {
 		return r.event
 	}
-	x := new(struct { // the event, its oneof and its time: one allocation
+	x := new(struct { // the event, its oneof, its time and the record: one allocation
 		ev   retrydv1.Event
 		kind retrydv1.Event_Scheduled
 		time timestamppb.Timestamp
+		sb   scheduledBlock
 	})
-	x.time.Seconds, x.time.Nanos = r.secs, r.nanos
-	x.kind.Scheduled = r.retry.Scheduled()
-	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = r.seq, sessionID, &x.time, &x.kind
+	rt := r.retry
+	at := rt.due - int64(rt.delayMs)*int64(time.Millisecond)
+	x.time.Seconds, x.time.Nanos = at/1e9, int32(at%1e9)
+	x.kind.Scheduled = rt.scheduledIn(&x.sb)
+	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = rt.seq, sessionID, &x.time, &x.kind
 	return &x.ev
 }
 
@@ -393,11 +402,10 @@ func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
 // compacts: it knows its event is what eventOf rebuilds. A restored one
 // keeps its event as stored.
 func (r *stepRecord) compact() {
-	if r.event == nil || r.retry == nil || r.event.GetTime() == nil {
+	if r.event == nil || r.retry == nil || r.retry.stored != nil {
 		return
 	}
-	r.seq = r.event.GetSequence()
-	r.secs, r.nanos = r.event.GetTime().GetSeconds(), r.event.GetTime().GetNanos()
+	r.retry.seq = r.event.GetSequence()
 	r.event = nil
 }
 
@@ -454,8 +462,10 @@ func (p position) less(q position) bool {
 
 // Session is one agent session's retry state.
 type Session struct {
-	ID      string
-	Updated time.Time
+	ID string
+	// updated is when a transition last changed it, in Unix nanoseconds
+	// (see Updated).
+	updated int64
 
 	latest     position
 	seen       bool
@@ -474,7 +484,26 @@ type Session struct {
 
 // NewSession returns an empty session.
 func NewSession(id string, now time.Time) *Session {
-	return &Session{ID: id, Updated: now}
+	return &Session{ID: id, updated: unixNano(now)}
+}
+
+// Updated is when a transition last changed the session.
+func (s *Session) Updated() time.Time { return fromUnixNano(s.updated) }
+
+// unixNano and fromUnixNano store a time as Unix nanoseconds, the zero
+// time as 0 (a restored session without a time has the zero time).
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromUnixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 func chainOrder(c *Chain, k ChainKey) int {
@@ -733,7 +762,7 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 		}
 	}
 	s.setRecord(stepRecord{phase: phase, fingerprint: fp, event: ev, retry: scheduled})
-	s.Updated = env.Now
+	s.updated = env.Now.UnixNano()
 	out.Response = responseOf(ev)
 	return out, nil
 }
@@ -773,7 +802,7 @@ func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) 
 	r := &Retry{
 		ID:          env.NewID(),
 		SessionID:   s.ID,
-		Due:         env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond),
+		due:         env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond).UnixNano(),
 		Status:      retrydv1.RetryStatus_RETRY_STATUS_PENDING,
 		mode:        p.Mode,
 		source:      d.Source,
@@ -793,7 +822,7 @@ func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) 
 	}
 	chain.Retries = d.RetryNumber
 	chain.Latest = r
-	chain.Updated = env.Now
+	chain.updated = env.Now.UnixNano()
 	s.pending = r
 	return r
 }
@@ -820,7 +849,7 @@ func (s *Session) event(env Env, ev *retrydv1.Event, ts *timestamppb.Timestamp) 
 
 func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *retrydv1.Event {
 	c.Open = false
-	c.Updated = env.Now
+	c.updated = env.Now.UnixNano()
 	x := new(struct { // the event, its oneof, the record and the time: one allocation
 		ev     retrydv1.Event
 		kind   retrydv1.Event_Closed
@@ -856,8 +885,8 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	if s.pending == r {
 		s.pending = nil
 	}
-	r.chain.Updated = env.Now
-	s.Updated = env.Now
+	r.chain.updated = env.Now.UnixNano()
+	s.updated = env.Now.UnixNano()
 	s.settle(r)
 	x := new(struct { // the event and its oneof: one allocation
 		ev   retrydv1.Event
@@ -879,7 +908,7 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 	if s.pending == r {
 		s.pending = nil
 	}
-	s.Updated = env.Now
+	s.updated = env.Now.UnixNano()
 	s.settle(r)
 	x := new(struct { // the event, its oneof, its time and the record: one allocation
 		ev        retrydv1.Event
@@ -918,7 +947,7 @@ func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation 
 			evs = append(evs, s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
 		}
 	}
-	s.Updated = env.Now
+	s.updated = env.Now.UnixNano()
 	return states, delegation, evs
 }
 
@@ -950,7 +979,7 @@ func (s *Session) Succeed(env Env, turn, step uint64) ([]*retrydv1.ChainClosed, 
 			closed = append(closed, ev.GetClosed())
 		}
 	}
-	s.Updated = env.Now
+	s.updated = env.Now.UnixNano()
 	return closed, evs, nil
 }
 
@@ -964,7 +993,7 @@ func (s *Session) Chains() *retrydv1.GetChainsResponse {
 	for _, c := range s.sortedChains() {
 		pc := &retrydv1.Chain{
 			Provider: c.Key.Provider, PolicyKey: c.Key.PolicyKey, Mode: c.Mode,
-			Retries: c.Retries, MaxRetries: c.Max, Open: c.Open, UpdatedAt: timestamppb.New(c.Updated),
+			Retries: c.Retries, MaxRetries: c.Max, Open: c.Open, UpdatedAt: timestamppb.New(fromUnixNano(c.updated)),
 		}
 		if c.Latest != nil {
 			pc.Latest = c.Latest.State()

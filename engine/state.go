@@ -19,7 +19,7 @@ import (
 // so marshal it before the session changes again. Connected awaiters and Done
 // channels are runtime state and are not part of it.
 func (s *Session) Snapshot() *statev1.Session {
-	out := &statev1.Session{Id: s.ID, UpdatedAt: timestamp(s.Updated)}
+	out := &statev1.Session{Id: s.ID, UpdatedAt: timestamp(s.Updated())}
 	if s.seen {
 		out.Latest = &statev1.Position{Turn: s.latest.turn, Step: s.latest.step}
 	}
@@ -40,7 +40,7 @@ func (s *Session) Snapshot() *statev1.Session {
 			Mode:      c.Mode,
 			Retries:   c.Retries,
 			Open:      c.Open,
-			UpdatedAt: timestamp(c.Updated),
+			UpdatedAt: timestamp(fromUnixNano(c.updated)),
 			Attempts:  slices.Clone(c.attemptList()),
 		}
 		if c.Max != nil {
@@ -143,7 +143,7 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 			Mode:    pc.GetMode(),
 			Retries: pc.GetRetries(),
 			Open:    pc.GetOpen(),
-			Updated: timeOf(pc.GetUpdatedAt()),
+			updated: unixNano(timeOf(pc.GetUpdatedAt())),
 		}
 		if a := pc.GetAttempts(); len(a) > 0 {
 			c.attempts = &a
@@ -225,7 +225,7 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 	r := &Retry{
 		ID:          sc.GetRetryId(),
 		SessionID:   s.ID,
-		Due:         sc.GetDueAt().AsTime(),
+		due:         sc.GetDueAt().AsTime().UnixNano(),
 		Status:      pr.GetStatus(),
 		mode:        sc.GetMode(),
 		source:      sc.GetDelaySource(),

@@ -216,8 +216,8 @@ func (s *Store) restore(st *State) {
 			s.indexRetry(r)
 		}
 		if r := sess.Pending(); r != nil {
-			if r.Due.After(now) {
-				s.timers.push(r.Due, r, timerDue)
+			if r.Due().After(now) {
+				s.timers.push(r.Due(), r, timerDue)
 			} else {
 				s.timers.push(now.Add(s.cfg.AbandonGrace), r, timerAbandon)
 			}
@@ -372,7 +372,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 	}
 	if r := out.Scheduled; r != nil {
 		s.indexRetry(r)
-		s.timers.push(r.Due, r, timerDue)
+		s.timers.push(r.Due(), r, timerDue)
 	}
 	s.unindex(out.Forgotten)
 	return out, nil
@@ -388,7 +388,7 @@ func (s *Store) Due(retryID string) (time.Time, bool) {
 	if r == nil {
 		return time.Time{}, false
 	}
-	return r.Due, true
+	return r.Due(), true
 }
 
 // AwaitRetry implements service.Store.
@@ -406,7 +406,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		s.awaiters.Add(1)
 	}
 	state := r.State()
-	if sess := sh.session(r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due) {
+	if sess := sh.session(r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due()) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		cp := s.checkpoint(sess)
@@ -612,7 +612,7 @@ func (s *Store) fire(e timerEntry) {
 			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
 		}
 	case e.kind == timerDue:
-		s.timers.push(r.Due.Add(s.cfg.AbandonGrace), r, timerAbandon)
+		s.timers.push(r.Due().Add(s.cfg.AbandonGrace), r, timerAbandon)
 	case r.Awaiters == 0:
 		cp := s.checkpoint(sess)
 		evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)
@@ -647,7 +647,7 @@ func (s *Store) expire(before time.Time) {
 		sh.mu.Lock()
 		var changes []change
 		sh.sessions.all(func(sess *engine.Session) bool {
-			if sess.Pending() == nil && sess.Updated.Before(before) {
+			if sess.Pending() == nil && sess.Updated().Before(before) {
 				cp := s.checkpoint(sess)
 				changes = append(changes, change{sess: sess, cp: cp, forget: true, events: sess.Expire(s.env())})
 			}

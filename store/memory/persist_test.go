@@ -131,7 +131,8 @@ func chainsOf(t *testing.T, s *Store, session string) *retrydv1.GetChainsRespons
 func TestFailedPersistChangesNothing(t *testing.T) {
 	t.Parallel()
 	d := newDisk()
-	s := New(Config{Persist: d.persist})
+	var ahead atomic.Int64 // how far the store's clock is ahead of the wall clock
+	s := New(Config{Persist: d.persist, Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
 	defer s.Close()
 	ctx := context.Background()
 
@@ -175,10 +176,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh := s.shardOf("a")
-	sh.mu.Lock()
-	r.Due = time.Now().Add(-time.Millisecond)
-	sh.mu.Unlock()
+	ahead.Store(int64(time.Hour + time.Second)) // the retry is due
 	err = s.AwaitRetry(ctx, "", firstID, func(*retrydv1.AwaitRetryResponse) error {
 		t.Error("AwaitRetry sent a message although the start was not written")
 		return nil

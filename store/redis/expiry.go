@@ -28,9 +28,9 @@ const expiryTimer = ""
 // least until the retry was abandoned (then it changes, and its TTL starts
 // again), as the memory store keeps it.
 func (s *Store) expiresAt(sess *engine.Session) time.Time {
-	at := sess.Updated.Add(s.cfg.ChainTTL)
+	at := sess.Updated().Add(s.cfg.ChainTTL)
 	if r := sess.Pending(); r != nil {
-		if abandon := r.Due.Add(s.cfg.AbandonGrace).Add(s.cfg.ChainTTL); abandon.After(at) {
+		if abandon := r.Due().Add(s.cfg.AbandonGrace).Add(s.cfg.ChainTTL); abandon.After(at) {
 			at = abandon
 		}
 	}

@@ -846,7 +846,7 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 		t.changed(out.Events...)
 		t.forgotten = out.Forgotten
 		if r := out.Scheduled; r != nil {
-			t.setTimer(r, r.Due)
+			t.setTimer(r, r.Due())
 		}
 		return nil
 	}
@@ -898,8 +898,8 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 		switch {
 		case r == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
 			t.clearTimer(retryID)
-		case now.Before(r.Due):
-			t.setTimer(r, r.Due)
+		case now.Before(r.Due()):
+			t.setTimer(r, r.Due())
 		case t.awaiters[retryID] > 0:
 			if ev, ok := t.sess.Start(t.env, r); ok {
 				t.changed(ev)
@@ -944,7 +944,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		return err
 	}
 	state := r.State()
-	if r.Terminal() == nil && !s.cfg.Now().Before(r.Due) {
+	if r.Terminal() == nil && !s.cfg.Now().Before(r.Due()) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		if err := s.fire(ctx, sessionID, retryID); err != nil {
@@ -971,7 +971,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 			release()
 			return send(term)
 		}
-		if !s.cfg.Now().Before(r.Due) {
+		if !s.cfg.Now().Before(r.Due()) {
 			// Due and still pending although this stream awaits it: its
 			// timer found no live awaiter (this one's lease had run out
 			// while it was late). Start it now rather than at the abandon
@@ -1226,7 +1226,7 @@ func (s *Store) dueTimers(ctx context.Context) ([][]string, error) {
 // again, since no agent could attach in between (as the file store gives
 // a whole grace after a restart).
 func (s *Store) abandonAt(r *engine.Retry) time.Time {
-	from := r.Due
+	from := r.Due()
 	if resumed := time.Unix(0, s.resumed.Load()); resumed.After(from) {
 		from = resumed
 	}

@@ -5,6 +5,7 @@ go 1.26.0
 toolchain go1.26.10
 
 require (
+	github.com/KimMachineGun/automemlimit v1.0.1
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/bbolt v1.4.3
 	go.opentelemetry.io/otel v1.47.0
@@ -16,7 +17,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require go.uber.org/atomic v1.12.0 // indirect
+require (
+	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

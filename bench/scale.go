@@ -19,6 +19,7 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/memcg"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
@@ -57,6 +58,12 @@ type ScaleConfig struct {
 	// Env are extra KEY=VALUE environment variables of the scale parts'
 	// retryd (--retryd-env: GOGC, GOMEMLIMIT).
 	Env []string
+	// ChainsMemoryLimit, when positive, runs the chains part's retryd in a
+	// memory cgroup of its own with this limit in bytes, as a pod with
+	// resources.limits.memory runs it (internal/memcg: needs root and a
+	// writable cgroup hierarchy). Passing the limit kills it, which fails
+	// the part.
+	ChainsMemoryLimit int64
 }
 
 // ChainPoint is one checkpoint of the chains part.
@@ -65,6 +72,9 @@ type ChainPoint struct {
 	RSS      int64 // bytes, VmRSS of the retryd process
 	HeapLive int64 // bytes, go_memstats_heap_alloc_bytes (live and not yet collected)
 	Elapsed  time.Duration
+	// CgroupPeak is the most memory the cgroup's retryd used so far, as
+	// the kernel counts it against the limit (with ChainsMemoryLimit).
+	CgroupPeak int64
 }
 
 // AwaitResult is the awaiters part's outcome.
@@ -140,7 +150,7 @@ var admissionFlags = []string{
 // startScaleRetryd starts a retryd for one part: memory store, tracing
 // off, metrics on (its heap figures are read from /metrics), admission
 // bounds lifted, up to 1 000 000 concurrent streams per connection.
-func startScaleRetryd(ctx context.Context, bin string, env []string, extra ...string) (*process, error) {
+func startScaleRetryd(ctx context.Context, bin string, env []string, g *memcg.Group, extra ...string) (*process, error) {
 	args := append([]string{"serve", "--listen", "127.0.0.1:0", "--store", "memory", "--log-format", "json",
 		"--log-level", "info", "--metrics-listen", "127.0.0.1:0"}, extra...)
 	help, _ := exec.CommandContext(ctx, bin, "serve", "-h").CombinedOutput()
@@ -152,7 +162,11 @@ func startScaleRetryd(ctx context.Context, bin string, env []string, extra ...st
 			args = append(args, "--"+f, "0")
 		}
 	}
-	return startServing(ctx, "retryd", bin, args,
+	prog := bin
+	if g != nil {
+		prog, args = g.Wrap(bin, args...)
+	}
+	return startServing(ctx, "retryd", prog, args,
 		append([]string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}, env...))
 }
 
@@ -165,11 +179,28 @@ var longPolicy = &retrydv1.RetryPolicy{Backoff: &retrydv1.Backoff{
 // due in an hour) through gRPC up to each checkpoint and reads retryd's
 // memory there, after a short settle.
 func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer) ([]ChainPoint, error) {
-	p, err := startScaleRetryd(ctx, bin, cfg.Env)
+	var g *memcg.Group
+	if cfg.ChainsMemoryLimit > 0 {
+		var err error
+		if g, err = memcg.New(fmt.Sprintf("retryd-bench-chains-%d", os.Getpid()), cfg.ChainsMemoryLimit); err != nil {
+			return nil, err
+		}
+		defer g.Close()
+		fmt.Fprintf(logw, "chains: retryd in a memory cgroup limited to %.1f MiB\n", mib(cfg.ChainsMemoryLimit))
+	}
+	p, err := startScaleRetryd(ctx, bin, cfg.Env, g)
 	if err != nil {
 		return nil, err
 	}
 	defer p.stop()
+	peak := func(pt *ChainPoint) error {
+		if g == nil {
+			return nil
+		}
+		var err error
+		pt.CgroupPeak, err = g.Peak()
+		return err
+	}
 	conns, err := dialN(p.addr, 4)
 	if err != nil {
 		return nil, err
@@ -185,7 +216,11 @@ func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer)
 	if err != nil {
 		return nil, err
 	}
-	points = append(points, ChainPoint{RSS: rss, HeapLive: heap})
+	first := ChainPoint{RSS: rss, HeapLive: heap}
+	if err := peak(&first); err != nil {
+		return nil, err
+	}
+	points = append(points, first)
 	for _, target := range checkpoints {
 		var wg sync.WaitGroup
 		var firstErr error
@@ -215,6 +250,11 @@ func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer)
 		}
 		wg.Wait()
 		if firstErr != nil {
+			if g != nil {
+				if n, err := g.OOMKills(); err == nil && n > 0 {
+					firstErr = fmt.Errorf("%w (the kernel killed retryd %d time(s) for passing its memory limit)", firstErr, n)
+				}
+			}
 			return points, firstErr
 		}
 		if err := ctx.Err(); err != nil {
@@ -226,6 +266,9 @@ func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer)
 			return points, err
 		}
 		pt := ChainPoint{Chains: target, RSS: rss, HeapLive: heap, Elapsed: time.Since(start)}
+		if err := peak(&pt); err != nil {
+			return points, err
+		}
 		points = append(points, pt)
 		fmt.Fprintf(logw, "chains %8d: RSS %6.1f MiB, heap %6.1f MiB (%v)\n", target, mib(rss), mib(heap), pt.Elapsed.Round(time.Second))
 	}
@@ -241,7 +284,7 @@ func runChains(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer)
 // it is scheduled, and records when each Started is stamped and arrives.
 func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Writer) (*AwaitResult, error) {
 	n := cfg.Awaiters
-	p, err := startScaleRetryd(ctx, bin, cfg.Env)
+	p, err := startScaleRetryd(ctx, bin, cfg.Env, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -523,14 +566,26 @@ func mib(b int64) float64 { return float64(b) / (1 << 20) }
 func WriteScaleTable(w io.Writer, cfg ScaleConfig, points []ChainPoint, aw *AwaitResult) error {
 	var b strings.Builder
 	if len(points) > 1 {
-		b.WriteString("Open chains (one session, one FailedStep with a retry pending for an hour, through gRPC):\n\n")
-		b.WriteString("| open chains | RSS | Go heap (live + garbage) | RSS / chain since the previous row | set-up time |\n| ---: | ---: | ---: | ---: | ---: |\n")
+		b.WriteString("Open chains (one session, one FailedStep with a retry pending for an hour, through gRPC)")
+		if cfg.ChainsMemoryLimit > 0 {
+			fmt.Fprintf(&b, ", retryd in a memory cgroup limited to %.1f MiB (its soft memory limit follows it, see --memory-limit-ratio); the last column is the most the cgroup used so far, as the kernel counts it against the limit", mib(cfg.ChainsMemoryLimit))
+		}
+		b.WriteString(":\n\n| open chains | RSS | Go heap (live + garbage) | RSS / chain since the previous row | set-up time |")
+		if cfg.ChainsMemoryLimit > 0 {
+			b.WriteString(" cgroup peak |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		} else {
+			b.WriteString("\n| ---: | ---: | ---: | ---: | ---: |\n")
+		}
 		for i, pt := range points {
 			per := ""
 			if i > 0 && pt.Chains > points[i-1].Chains {
 				per = fmt.Sprintf("%.0f B", float64(pt.RSS-points[i-1].RSS)/float64(pt.Chains-points[i-1].Chains))
 			}
-			fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s | %v |\n", pt.Chains, mib(pt.RSS), mib(pt.HeapLive), per, pt.Elapsed.Round(time.Second))
+			fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB | %s | %v |", pt.Chains, mib(pt.RSS), mib(pt.HeapLive), per, pt.Elapsed.Round(time.Second))
+			if cfg.ChainsMemoryLimit > 0 {
+				fmt.Fprintf(&b, " %.1f MiB |", mib(pt.CgroupPeak))
+			}
+			b.WriteString("\n")
 		}
 		// Least-squares slope over the checkpoints from the first
 		// non-empty one on.

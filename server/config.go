@@ -98,6 +98,12 @@ type Config struct {
 	// UnaryTimeout bounds the context of every unary call; streams are not
 	// bounded (flag --unary-timeout, env RETRYD_UNARY_TIMEOUT).
 	UnaryTimeout time.Duration
+	// MemoryLimitRatio sets the Go runtime's soft memory limit to this
+	// fraction of the memory limit of retryd's cgroup (its container's),
+	// unless GOMEMLIMIT is set; 0 leaves the runtime's limit alone (flag
+	// --memory-limit-ratio, env RETRYD_MEMORY_LIMIT_RATIO). See
+	// memlimit.go.
+	MemoryLimitRatio float64
 
 	// AuthCredentials is the credentials file: tenants, the SHA-256 of
 	// their bearer tokens and the client certificate identities that
@@ -188,6 +194,7 @@ func DefaultConfig() Config {
 		MaxConnectionAge:      30 * time.Minute,
 		MaxConnectionAgeGrace: 30 * time.Second,
 		UnaryTimeout:          10 * time.Second,
+		MemoryLimitRatio:      0.9,
 		AuthReloadInterval:    5 * time.Second,
 
 		MaxPendingRetriesPerTenant: 20_000,
@@ -227,6 +234,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MaxConnectionAge, "max-connection-age", c.MaxConnectionAge, "ask a connection to go away after this; 0: never (env RETRYD_MAX_CONNECTION_AGE)")
 	fs.DurationVar(&c.MaxConnectionAgeGrace, "max-connection-age-grace", c.MaxConnectionAgeGrace, "calls of an aged connection may run this long; 0: unbounded (env RETRYD_MAX_CONNECTION_AGE_GRACE)")
 	fs.DurationVar(&c.UnaryTimeout, "unary-timeout", c.UnaryTimeout, "bound on every unary call; streams are not bounded (env RETRYD_UNARY_TIMEOUT)")
+	fs.Float64Var(&c.MemoryLimitRatio, "memory-limit-ratio", c.MemoryLimitRatio, "soft memory limit of the Go runtime as a fraction of the container's (cgroup's) memory limit, unless GOMEMLIMIT is set; 0: off (env RETRYD_MEMORY_LIMIT_RATIO)")
 	fs.StringVar(&c.AuthCredentials, "auth-credentials", c.AuthCredentials, "credentials file (tenants, token hashes, client certificates); empty: no authentication (env RETRYD_AUTH_CREDENTIALS)")
 	fs.DurationVar(&c.AuthReloadInterval, "auth-reload-interval", c.AuthReloadInterval, "how often the credentials file is checked for a change (env RETRYD_AUTH_RELOAD_INTERVAL)")
 	fs.IntVar(&c.MaxPendingRetriesPerTenant, "max-pending-retries-per-tenant", c.MaxPendingRetriesPerTenant, "pending retries one tenant may hold; 0: unlimited (env RETRYD_MAX_PENDING_RETRIES_PER_TENANT)")
@@ -264,6 +272,7 @@ var EnvNames = map[string]string{
 	"max-connection-age":       "RETRYD_MAX_CONNECTION_AGE",
 	"max-connection-age-grace": "RETRYD_MAX_CONNECTION_AGE_GRACE",
 	"unary-timeout":            "RETRYD_UNARY_TIMEOUT",
+	"memory-limit-ratio":       "RETRYD_MEMORY_LIMIT_RATIO",
 	"auth-credentials":         "RETRYD_AUTH_CREDENTIALS",
 	"auth-reload-interval":     "RETRYD_AUTH_RELOAD_INTERVAL",
 
@@ -421,6 +430,9 @@ func (c *Config) validateTransport(bad func(field, value, reason string), checkA
 	}
 	if c.UnaryTimeout <= 0 {
 		bad("unary-timeout", c.UnaryTimeout.String(), "must be positive")
+	}
+	if !(c.MemoryLimitRatio >= 0 && c.MemoryLimitRatio <= 1) { // also NaN
+		bad("memory-limit-ratio", strconv.FormatFloat(c.MemoryLimitRatio, 'g', -1, 64), "must be within [0, 1] (0: off)")
 	}
 }
 

@@ -53,6 +53,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	if err := c.Validate(); err != nil {
 		return err
 	}
+	setMemoryLimit(ctx, c.MemoryLimitRatio, log)
 	policies := config.Default()
 	if c.ConfigFile != "" {
 		var err error

@@ -47,6 +47,11 @@ func TestTransportSettings(t *testing.T) {
 		{args: []string{"--max-connection-age-grace", "-1s"}, bad: "max-connection-age-grace"},
 		{args: []string{"--unary-timeout", "0s"}, bad: "unary-timeout"},
 		{env: map[string]string{"RETRYD_UNARY_TIMEOUT": "1m"}},
+		{args: []string{"--memory-limit-ratio", "1.5"}, bad: "memory-limit-ratio"},
+		{args: []string{"--memory-limit-ratio", "-0.1"}, bad: "memory-limit-ratio"},
+		{args: []string{"--memory-limit-ratio", "NaN"}, bad: "memory-limit-ratio"},
+		{env: map[string]string{"RETRYD_MEMORY_LIMIT_RATIO": "0"}},
+		{args: []string{"--memory-limit-ratio", "1"}},
 	} {
 		c := DefaultConfig()
 		fs := flag.NewFlagSet("test", flag.ContinueOnError)

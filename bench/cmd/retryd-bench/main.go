@@ -6,7 +6,7 @@
 //	    [--gubernator] [--redis-peer [--ratelimit-bin PATH]] [--base-src DIR]
 //	    [--retryd-env KEY=VALUE]… [--no-metrics] [--profile DIR]
 //	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
-//	    [--scale-src DIR] [--skip-ab] [--out bench-results.md]
+//	    [--scale-src DIR] [--chains-memory-limit 1GiB] [--skip-ab] [--out bench-results.md]
 //
 // --redis-peer adds the Redis part: a redis-server of the harness's own,
 // retryd on --store redis:// against it ("retryd@redis") and redis-benchmark
@@ -84,6 +84,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&sc.AwaitSpread, "awaiters-spread", sc.AwaitSpread, "window over which the awaited retries fall due")
 	fs.IntVar(&sc.AwaitLoad, "awaiters-load", 0, "workers running the FailedStep mix while the retries fall due; 0: no load")
 	scaleSrc := fs.String("scale-src", "", "build the scale parts' retryd from this source tree (e.g. an older commit, unpacked) instead of this one")
+	fs.Func("chains-memory-limit", "run the chains part's retryd in a memory cgroup with this limit (e.g. 1GiB), as a pod with resources.limits.memory (needs root)", func(v string) error {
+		n, err := parseBytes(v)
+		if err != nil {
+			return err
+		}
+		sc.ChainsMemoryLimit = n
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -148,4 +156,23 @@ func moduleRoot(ctx context.Context) (string, error) {
 		return "", errors.New("run retryd-bench inside the retryd module")
 	}
 	return filepath.Dir(mod), nil
+}
+
+// parseBytes parses a size: a byte count, or a number with KiB, MiB or GiB.
+func parseBytes(v string) (int64, error) {
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult = n, u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("want a positive size such as 1073741824 or 1GiB, got %q", v)
+	}
+	return n * mult, nil
 }

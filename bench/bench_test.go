@@ -17,12 +17,8 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs two servers")
 	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := Config{
-		Root:     filepath.Dir(strings.TrimSpace(string(out))),
+		Root:     moduleRoot(t),
 		Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Rounds: 1,
 		Workers: 4, Conns: 1, Rate: 200, KeySpace: 50, Samples: 1000,
 	}
@@ -63,17 +59,9 @@ func TestSmokeRedisPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs three servers")
 	}
-	for _, bin := range []string{"redis-server", "redis-benchmark"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("%s is not installed", bin)
-		}
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	needPrograms(t, "redis-server", "redis-benchmark")
 	cfg := Config{
-		Root:     filepath.Dir(strings.TrimSpace(string(out))),
+		Root:     moduleRoot(t),
 		Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Rounds: 1,
 		Workers: 4, Conns: 1, KeySpace: 50, Samples: 1000, RedisPeer: true,
 	}
@@ -124,5 +112,25 @@ func TestParseRedisInfo(t *testing.T) {
 	d := st.sub(RedisStats{Commands: 10, Reads: 41, ByCommand: map[string]int64{"hset": 20000}})
 	if d.Commands != 39990 || d.Reads != 20000 || d.ByCommand["evalsha"] != 20000 || len(d.ByCommand) != 1 {
 		t.Fatalf("difference %+v", d)
+	}
+}
+
+// moduleRoot is the directory of this module's go.mod, the harness's Root.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(strings.TrimSpace(string(out)))
+}
+
+// needPrograms skips the test unless every program is installed.
+func needPrograms(t *testing.T, programs ...string) {
+	t.Helper()
+	for _, p := range programs {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s is not installed", p)
+		}
 	}
 }

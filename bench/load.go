@@ -199,23 +199,34 @@ func (c *echoCaller) call(ctx context.Context) (bool, error) {
 // of the same key space (token or leaky bucket, 1 hit of 100 per minute).
 // The request is encoded with protowire, so the module needs no
 // gubernator dependency.
-type gubernatorCaller struct {
+type gubernatorCaller struct{ keyedCaller }
+
+func newGubernatorCaller(conn *grpc.ClientConn, id, workers, keySpace int, rng *rand.Rand, prefix string) caller {
+	return &gubernatorCaller{newKeyedCaller(conn, keySpace, rng, prefix)}
+}
+
+// keyedCaller is a peer's caller: each call is on a key drawn uniformly
+// from the key space.
+type keyedCaller struct {
 	conn     *grpc.ClientConn
 	rng      *rand.Rand
 	keySpace int
 	prefix   string
 }
 
-func newGubernatorCaller(conn *grpc.ClientConn, id, workers, keySpace int, rng *rand.Rand, prefix string) caller {
-	return &gubernatorCaller{conn: conn, rng: rng, keySpace: max(keySpace, 1), prefix: prefix}
+func newKeyedCaller(conn *grpc.ClientConn, keySpace int, rng *rand.Rand, prefix string) keyedCaller {
+	return keyedCaller{conn: conn, rng: rng, keySpace: max(keySpace, 1), prefix: prefix}
 }
+
+// key draws the next call's key.
+func (c *keyedCaller) key() string { return c.prefix + strconv.Itoa(c.rng.IntN(c.keySpace)) }
 
 func (c *gubernatorCaller) call(ctx context.Context) (bool, error) {
 	var rl []byte
 	rl = protowire.AppendTag(rl, 1, protowire.BytesType)
 	rl = protowire.AppendString(rl, "retryd-bench")
 	rl = protowire.AppendTag(rl, 2, protowire.BytesType)
-	rl = protowire.AppendString(rl, c.prefix+strconv.Itoa(c.rng.IntN(c.keySpace)))
+	rl = protowire.AppendString(rl, c.key())
 	for _, f := range [][2]uint64{{3, 1}, {4, 100}, {5, 60_000}, {6, uint64(c.rng.IntN(2))}} {
 		rl = protowire.AppendTag(rl, protowire.Number(f[0]), protowire.VarintType)
 		rl = protowire.AppendVarint(rl, f[1])

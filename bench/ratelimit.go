@@ -22,7 +22,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -127,19 +126,14 @@ func startRatelimit(ctx context.Context, bin, dir, redisAddr string, env []strin
 
 // ratelimitCaller sends ShouldRateLimit with one descriptor, session = a
 // random key of the key space.
-type ratelimitCaller struct {
-	conn     *grpc.ClientConn
-	rng      *rand.Rand
-	keySpace int
-	prefix   string
-}
+type ratelimitCaller struct{ keyedCaller }
 
 func newRatelimitCaller(conn *grpc.ClientConn, id, workers, keySpace int, rng *rand.Rand, prefix string) caller {
-	return &ratelimitCaller{conn: conn, rng: rng, keySpace: max(keySpace, 1), prefix: prefix}
+	return &ratelimitCaller{newKeyedCaller(conn, keySpace, rng, prefix)}
 }
 
 func (c *ratelimitCaller) call(ctx context.Context) (bool, error) {
-	req := ratelimitRequest(ratelimitDomain, ratelimitKey, c.prefix+strconv.Itoa(c.rng.IntN(c.keySpace)))
+	req := ratelimitRequest(ratelimitDomain, ratelimitKey, c.key())
 	var resp []byte
 	if err := c.conn.Invoke(ctx, ratelimitMethod, &req, &resp, grpc.ForceCodecV2(rawCodec{})); err != nil {
 		return true, fmt.Errorf("ShouldRateLimit: %w", err)

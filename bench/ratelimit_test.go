@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -141,17 +139,9 @@ func TestSmokeRatelimit(t *testing.T) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("RETRYD_BENCH_RATELIMIT_BIN: %v", err)
 	}
-	for _, b := range []string{"redis-server", "redis-benchmark"} {
-		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("%s is not installed", b)
-		}
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
+	needPrograms(t, "redis-server", "redis-benchmark")
 	cfg := Config{
-		Root:     filepath.Dir(strings.TrimSpace(string(out))),
+		Root:     moduleRoot(t),
 		Duration: 300 * time.Millisecond, Warmup: 50 * time.Millisecond, Rounds: 1,
 		Workers: 4, Conns: 1, Rate: 200, KeySpace: 50, Samples: 1000, RatelimitBin: bin,
 	}

@@ -11,8 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
 )
 
 // Commits. A group's transitions are decided in Go on what this replica
@@ -99,6 +101,9 @@ type commit struct {
 	// after is each checked key's value once the writes ran: what the
 	// replica knows of it after a successful commit.
 	after map[string]*knownValue
+	// sessions are the sessions the checked session keys hold once the
+	// commit succeeded, by key (see keep).
+	sessions map[string]*engine.Session
 }
 
 // check is one of a commit's checks: its kind and key.
@@ -129,7 +134,9 @@ func (c *commit) checkValue(k, value string) {
 // checkLarge: the key still holds value ("" for absent), compared by
 // SHA-1, so that the value itself does not travel.
 func (c *commit) checkLarge(k, value string) {
-	c.checks = append(c.checks, "s", c.key(k), sum([]byte(value), value != ""))
+	// The value is hashed in place: a snapshot is kilobytes, and sha1.Sum
+	// neither keeps nor changes what it reads.
+	c.checks = append(c.checks, "s", c.key(k), sum(unsafe.Slice(unsafe.StringData(value), len(value)), value != ""))
 	c.list = append(c.list, check{"s", k})
 	c.after[k] = &knownValue{raw: value}
 }
@@ -262,10 +269,25 @@ func (c *commit) run(ctx context.Context, rdb redis.Scripter) ([]any, error) {
 	return nil, fmt.Errorf("redis store: the commit script answered %v", res)
 }
 
+// keep notes that the checked key k holds sess's snapshot once the commit
+// ran — the snapshot the commit writes (with Set, already added), or the
+// known one, which a transition that changed nothing decided on: once the
+// commit succeeded, the replica knows sess as the key's session (see
+// knownValue.sess).
+func (c *commit) keep(k string, sess *engine.Session) {
+	if c.sessions == nil {
+		c.sessions = map[string]*engine.Session{}
+	}
+	c.sessions[k] = sess
+}
+
 // remember records in k what the checked keys hold after a successful
-// commit.
+// commit, with the sessions the commit wrote (keep).
 func (c *commit) remember(k *known) {
 	for key, v := range c.after {
+		if sess := c.sessions[key]; sess != nil && v.raw != "" {
+			v.sess = sess
+		}
 		k.set(key, *v)
 	}
 }

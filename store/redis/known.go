@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
 )
 
 // What a replica knows. A commit does not read before it decides: it
@@ -42,9 +43,24 @@ const maxKnown = 1 << 15
 
 // knownValue is a key's value as last seen: raw for a string ("" when
 // absent), fields for a hash.
+//
+// sess is, for a session key, the session whose snapshot raw is: the
+// engine.Session this replica's last commit of the key wrote raw from, so
+// that the next group on the session decides on it instead of unmarshalling
+// and restoring raw again (recall). It is set only by a successful commit
+// that wrote the snapshot from it, or that decided on it and did not mark
+// it changed (commit.keep; a transition that changed it unmarked would
+// not be written at all), never for a value learned or read (a failed
+// check's answer, refresh), and it travels with raw: a value
+// replaced for any reason (a conflict, an unknown outcome, forget,
+// eviction, an absent key) drops it. It belongs to one group at a time:
+// recall takes it out (take), and only that group's successful commit puts
+// a session back, so one that a failed or conflicted attempt mutated is
+// never used again.
 type knownValue struct {
 	raw    string
 	fields map[string]string
+	sess   *engine.Session
 }
 
 func newKnown() *known { return &known{values: map[string]knownValue{}} }
@@ -56,11 +72,40 @@ func (k *known) get(key string) knownValue {
 	return k.values[key]
 }
 
+// take returns what is known of key, like get, and removes its session
+// from what is known (see knownValue.sess): the caller now owns it.
+func (k *known) take(key string) knownValue {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v := k.values[key]
+	if v.sess != nil {
+		k.values[key] = knownValue{raw: v.raw, fields: v.fields}
+	}
+	return v
+}
+
+// read records a key's value as read from Redis (refresh): like set, but a
+// session known for the same raw value stays known, since it is still the
+// session raw holds.
+func (k *known) read(key string, v knownValue) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if old := k.values[key]; old.sess != nil && old.raw == v.raw && v.fields == nil {
+		return
+	}
+	k.put(key, v)
+}
+
 // set records key's value; an absent key (raw "" and no fields) is
 // forgotten, which is the same.
 func (k *known) set(key string, v knownValue) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.put(key, v)
+}
+
+// put is set with k.mu held.
+func (k *known) put(key string, v knownValue) {
 	if v.raw == "" && len(v.fields) == 0 {
 		delete(k.values, key)
 		return
@@ -155,7 +200,7 @@ func (s *Store) refresh(ctx context.Context, p int, ids, fleetKeys []string) err
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return unavailable("reading", err)
 		}
-		s.known.set(k, knownValue{raw: v})
+		s.known.read(k, knownValue{raw: v})
 	}
 	for i, id := range ids {
 		s.known.set(s.keys.awaitersKey(id), knownValue{fields: aws[i].Val()})

@@ -3,13 +3,14 @@
 // Redis Cluster), so several retryd replicas serve one fleet.
 //
 // A session's whole state is one key holding the engine's snapshot
-// (retryd.state.v1.Session). Every change is optimistic: read the session
-// key, its partition's sequence counter and the session's awaiter
-// entries, run the engine's transition, then one server-side script
-// (commit.go) checks that none of them changed and writes the new
-// snapshot, its events (on the session's stream and on the partition's
-// stream), its timer and a pub/sub notification — atomically, or not at
-// all. A commit that lost a race is run again on fresh state, a bounded
+// (retryd.state.v1.Session). Every change is optimistic: take what this
+// replica knows of the session key (the session its last commit wrote, or
+// a snapshot to decode; known.go), its partition's sequence counter and
+// the session's awaiter entries, run the engine's transition, then one
+// server-side script (commit.go) checks that none of them changed and
+// writes the new snapshot, its events (on the session's stream and on the
+// partition's stream), its timer and a pub/sub notification — atomically,
+// or not at all. A commit that lost a race is run again on fresh state, a bounded
 // number of times; past that, or when Redis cannot be reached, the call
 // fails with service.ErrUnavailable and nothing changed.
 //
@@ -175,6 +176,10 @@ type Store struct {
 	rdb    redis.UniversalClient
 	keys   layout
 	known  *known // what this replica knows of the keys commits check
+	// decodeAlways makes commits decode every session from its known
+	// snapshot instead of reusing the session the last commit wrote it
+	// from (tests; see knownValue.sess).
+	decodeAlways bool
 	// contention[p] is until when commits to partition p read first
 	// (unix nanoseconds; see known.go).
 	contention []atomic.Int64
@@ -609,7 +614,9 @@ func decodeSession(id string, b []byte, fields map[string]string, now int64) loa
 }
 
 // recall makes the group's sessions of what this replica knows of them
-// (known.go), and adds the checks that what it knows still holds — of
+// (known.go) — the session its last commit wrote a snapshot from when it
+// still knows that one (knownValue.sess), else the known snapshot
+// decoded — and adds the checks that what it knows still holds — of
 // their keys and of the partition's counter — to c.
 func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint64) {
 	counter := s.known.get(s.keys.seqKey(p)).raw
@@ -617,13 +624,29 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 	now := time.Now().UnixMilli()
 	out = make([]loaded, len(ids))
 	for i, id := range ids {
-		snap := s.known.get(s.keys.sessionKey(id)).raw
+		v := s.known.take(s.keys.sessionKey(id))
 		fields := s.known.get(s.keys.awaitersKey(id)).fields
-		c.checkLarge(s.keys.sessionKey(id), snap)
+		c.checkLarge(s.keys.sessionKey(id), v.raw)
 		c.checkHash(s.keys.awaitersKey(id), fields)
-		out[i] = decodeSession(id, []byte(snap), fields, now)
+		if v.sess != nil && !s.decodeAlways {
+			out[i] = reuseSession(v.sess, fields, now)
+		} else {
+			out[i] = decodeSession(id, []byte(v.raw), fields, now)
+		}
 	}
 	return out, counterValue(counter)
+}
+
+// reuseSession is decodeSession for a session this replica's last commit
+// wrote the known snapshot from (knownValue.sess): the same session, with
+// the awaiter counts of now.
+func reuseSession(sess *engine.Session, fields map[string]string, now int64) loaded {
+	l := loaded{sess: sess}
+	l.awaiters, l.expired = countAwaiters(fields, now)
+	for _, r := range sess.Retries() {
+		r.Awaiters = int(l.awaiters[r.ID])
+	}
+	return l
 }
 
 // loadOne reads one session (nil when it does not exist).
@@ -712,14 +735,22 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			return err
 		}
 	}
+	for i, t := range txns {
+		// A transition that changed nothing (a repeated report, a refusal,
+		// a timer set again) leaves the session as its known snapshot has
+		// it, as the memory store keeps it: it stays the key's session.
+		if !t.save && t.gone == nil && t.sess != nil && t.sess == sessions[i].sess {
+			c.keep(s.keys.sessionKey(t.id), t.sess)
+		}
+	}
 	switch current, err := c.run(ctx, s.rdb); {
 	case err == nil:
-		c.remember(s.known)
 		for _, t := range txns {
 			if t.sess != nil {
 				t.sess.Commit()
 			}
 		}
+		c.remember(s.known)
 		return nil
 	case errors.Is(err, errConflict):
 		s.known.learn(c.list, current)
@@ -746,6 +777,9 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 		}
 		if err := s.write(ctx, c, p, t, snap); err != nil {
 			return err
+		}
+		if snap != nil {
+			c.keep(s.keys.sessionKey(t.id), t.sess)
 		}
 		pop = pop.add(t.delta())
 	}

@@ -31,6 +31,15 @@ func (halfRand) Float64() float64 { return 0.5 }
 // fakeClock is a decision clock that moves only when told.
 type fakeClock struct{ ns atomic.Int64 }
 
+// replicaPair opens two replicas on one Redis prefix, with one clock and
+// one retry id sequence.
+func replicaPair(t *testing.T, decodeAlways bool) (a, b *Store, clock *fakeClock) {
+	t.Helper()
+	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
+	clock, ids := newFakeClock(), &atomic.Int64{}
+	return openReplica(t, url, prefix, clock, ids, decodeAlways), openReplica(t, url, prefix, clock, ids, decodeAlways), clock
+}
+
 func newFakeClock() *fakeClock {
 	c := &fakeClock{}
 	c.ns.Store(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
@@ -109,15 +118,10 @@ func knownSession(s *Store, id string) *engine.Session {
 // the same sessions and the same event log.
 func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 	t.Parallel()
-	url := redistest.Shared(t).URL(0)
 	var runs [2][]any
 	var reused int
 	for run, decodeAlways := range []bool{false, true} {
-		clock := newFakeClock()
-		ids := &atomic.Int64{}
-		prefix := redistest.Prefix()
-		a := openReplica(t, url, prefix, clock, ids, decodeAlways)
-		b := openReplica(t, url, prefix, clock, ids, decodeAlways)
+		a, b, clock := replicaPair(t, decodeAlways)
 		ctx := context.Background()
 		pol := fixedPolicy(t, time.Second, 20)
 		var out []any
@@ -250,12 +254,7 @@ func sameAnswer(x, y any) bool {
 // session its failed attempt changed is dropped.
 func TestSessionReuseAfterOtherReplica(t *testing.T) {
 	t.Parallel()
-	url := redistest.Shared(t).URL(0)
-	clock := newFakeClock()
-	ids := &atomic.Int64{}
-	prefix := redistest.Prefix()
-	a := openReplica(t, url, prefix, clock, ids, false)
-	b := openReplica(t, url, prefix, clock, ids, false)
+	a, b, _ := replicaPair(t, false)
 	ctx := context.Background()
 	pol := fixedPolicy(t, time.Second, 20)
 	number := func(s *Store, step uint64) uint32 {

@@ -212,12 +212,6 @@ func (r *Retry) HeldUntil() time.Time {
 // Provider is the provider whose failure the retry retries.
 func (r *Retry) Provider() string { return r.chain.Key.Provider }
 
-// Turn and Step are the position of the failed step the retry retries.
-func (r *Retry) Turn() uint64 { return r.turn }
-
-// Step: see Turn.
-func (r *Retry) Step() uint64 { return r.step }
-
 func (r *Retry) textOf() retryText {
 	if r.text == nil {
 		return retryText{}

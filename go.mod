@@ -6,6 +6,7 @@ toolchain go1.26.10
 
 require (
 	github.com/KimMachineGun/automemlimit v1.0.1
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/bbolt v1.4.3
 	go.opentelemetry.io/otel v1.47.0

@@ -11,14 +11,32 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 )
 
-// pooledCodec is the proto codec of the main port. It encodes exactly as
-// grpc-go's default one, but every response goes into a pooled buffer,
-// which the transport returns to the pool once the bytes are written.
-// The default codec pools only messages of 1 KiB or more and allocates a
-// fresh slice for each smaller one — nearly every answer of retryd's, and
-// garbage that retryd's collector then pays for in proportion to retryd's
-// live state. Decoding is grpc-go's own.
+// pooledCodec is the proto codec of the main port. It encodes the same
+// bytes as grpc-go's default one, with two differences in how:
+//
+//   - every response goes into a pooled buffer, which the transport
+//     returns to the pool once the bytes are written. The default codec
+//     pools only messages of 1 KiB or more and allocates a fresh slice for
+//     each smaller one — nearly every answer of retryd's, and garbage that
+//     retryd's collector then pays for in proportion to retryd's live
+//     state;
+//   - retryd's own messages (gen/) are encoded by the code
+//     protoc-gen-go-vtproto generated for them, about five times faster
+//     than protobuf-go's table-driven encoder for a FailedStep answer.
+//     Other messages (health, reflection) take protobuf-go's.
+//
+// Decoding is grpc-go's own, so protobuf-go still checks every request,
+// including that its strings are valid UTF-8, which the generated
+// decoders do not.
 type pooledCodec struct{}
+
+// vtMarshaler is the part of protoc-gen-go-vtproto's generated methods
+// the codec uses. MarshalToSizedBufferVT writes the message backwards
+// from the end of the buffer, whose length must be SizeVT's.
+type vtMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVT(dst []byte) (int, error)
+}
 
 var _ encoding.CodecV2 = pooledCodec{}
 
@@ -26,6 +44,9 @@ var _ encoding.CodecV2 = pooledCodec{}
 var defaultCodec = encoding.GetCodecV2(encproto.Name)
 
 func (pooledCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if vm, ok := v.(vtMarshaler); ok {
+		return marshalVT(vm)
+	}
 	m := messageOf(v)
 	if m == nil {
 		return nil, fmt.Errorf("proto: failed to marshal, message is %T, want proto.Message", v)
@@ -44,6 +65,24 @@ func (pooledCodec) Marshal(v any) (mem.BufferSlice, error) {
 		return nil, err
 	}
 	*buf = out
+	return mem.BufferSlice{mem.NewBuffer(buf, responses)}, nil
+}
+
+// marshalVT encodes one of retryd's own messages into a pooled buffer.
+func marshalVT(m vtMarshaler) (mem.BufferSlice, error) {
+	size := m.SizeVT()
+	if size == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(nil)}, nil
+	}
+	buf := responses.Get(size)
+	n, err := m.MarshalToSizedBufferVT(*buf)
+	if err == nil && n != size {
+		err = fmt.Errorf("proto: %T encoded %d bytes of the %d it sized", m, n, size)
+	}
+	if err != nil {
+		responses.Put(buf)
+		return nil, err
+	}
 	return mem.BufferSlice{mem.NewBuffer(buf, responses)}, nil
 }
 

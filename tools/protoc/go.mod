@@ -4,6 +4,7 @@ go 1.26
 
 tool (
 	github.com/fullstorydev/grpcurl/cmd/grpcurl
+	github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	google.golang.org/protobuf/cmd/protoc-gen-go
 )

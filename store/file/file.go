@@ -236,7 +236,7 @@ func (s *Store) persist(changes []memory.Change) error {
 	for _, c := range changes {
 		r := record{key: []byte(c.SessionID)}
 		if c.Session != nil {
-			b, err := proto.Marshal(c.Session)
+			b, err := c.Session.MarshalVT() // protobuf-go's bytes (see server/codec.go), faster
 			if err != nil {
 				return fmt.Errorf("file store: session %q: %w", c.SessionID, err)
 			}
@@ -244,7 +244,7 @@ func (s *Store) persist(changes []memory.Change) error {
 		}
 		sessions = append(sessions, r)
 		for _, ev := range c.Events {
-			b, err := proto.Marshal(ev)
+			b, err := ev.MarshalVT()
 			if err != nil {
 				return fmt.Errorf("file store: event %d: %w", ev.GetSequence(), err)
 			}

@@ -771,7 +771,7 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 		var snap []byte
 		if t.save && t.sess != nil {
 			var err error
-			if snap, err = proto.Marshal(t.sess.Snapshot()); err != nil {
+			if snap, err = t.sess.Snapshot().MarshalVT(); err != nil { // protobuf-go's bytes (see server/codec.go), faster
 				return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 			}
 		}
@@ -824,7 +824,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 		pl.Del(ctx, s.keys.retryKey(p, r.ID))
 	}
 	for _, ev := range t.events {
-		b, err := proto.Marshal(ev)
+		b, err := ev.MarshalVT()
 		if err != nil {
 			return fmt.Errorf("redis store: encoding event: %w", err)
 		}

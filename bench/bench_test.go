@@ -106,11 +106,14 @@ func TestParseRedisInfo(t *testing.T) {
 		"cmdstat_info:calls=7,usec=1,usec_per_call=0.1,rejected_calls=0,failed_calls=0\r\n"
 	st := parseRedisInfo(info)
 	if st.Commands != 40000 || st.ByCommand["evalsha"] != 20000 || st.ByCommand["info"] != 0 || st.Failed != 3 ||
-		st.Reads != 20041 || st.NetIn != 2560664 || st.NetOut != 1200 {
+		st.Reads != 20041 || st.NetIn != 2560664 || st.NetOut != 1200 ||
+		st.UsecByCommand["evalsha"] != 395964 || st.UsecByCommand["hset"] != 15789 || st.UsecByCommand["info"] != 0 {
 		t.Fatalf("parsed %+v", st)
 	}
-	d := st.sub(RedisStats{Commands: 10, Reads: 41, ByCommand: map[string]int64{"hset": 20000}})
-	if d.Commands != 39990 || d.Reads != 20000 || d.ByCommand["evalsha"] != 20000 || len(d.ByCommand) != 1 {
+	d := st.sub(RedisStats{Commands: 10, Reads: 41, ByCommand: map[string]int64{"hset": 20000},
+		UsecByCommand: map[string]int64{"hset": 15789, "evalsha": 964}})
+	if d.Commands != 39990 || d.Reads != 20000 || d.ByCommand["evalsha"] != 20000 || len(d.ByCommand) != 1 ||
+		d.UsecByCommand["evalsha"] != 395000 || len(d.UsecByCommand) != 1 {
 		t.Fatalf("difference %+v", d)
 	}
 }

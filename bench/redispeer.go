@@ -57,6 +57,11 @@ type RedisStats struct {
 	Commands int64
 	// ByCommand are the calls per command (commandstats), INFO excluded.
 	ByCommand map[string]int64
+	// UsecByCommand is the time Redis spent in each command, in
+	// microseconds (commandstats' usec), INFO excluded. A script's time
+	// includes the commands it calls, which count under their own names
+	// too.
+	UsecByCommand map[string]int64
 	// Failed are failed plus rejected calls (commandstats).
 	Failed int64
 	// Reads are total_reads_processed: read events on client sockets.
@@ -143,7 +148,7 @@ func (rs *redisServer) snapshot(ctx context.Context) (RedisStats, error) {
 
 // parseRedisInfo reads the counters RedisStats keeps from INFO output.
 func parseRedisInfo(info string) RedisStats {
-	st := RedisStats{ByCommand: map[string]int64{}}
+	st := RedisStats{ByCommand: map[string]int64{}, UsecByCommand: map[string]int64{}}
 	for _, line := range strings.Split(info, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok {
@@ -160,6 +165,8 @@ func parseRedisInfo(info string) RedisStats {
 				case "calls":
 					st.ByCommand[cmd] += n
 					st.Commands += n
+				case "usec":
+					st.UsecByCommand[cmd] += n
 				case "failed_calls", "rejected_calls":
 					st.Failed += n
 				}
@@ -187,11 +194,16 @@ func (s RedisStats) sub(before RedisStats) RedisStats {
 	d := RedisStats{
 		Commands: s.Commands - before.Commands, Failed: s.Failed - before.Failed, Reads: s.Reads - before.Reads,
 		NetIn: s.NetIn - before.NetIn, NetOut: s.NetOut - before.NetOut, CPU: s.CPU - before.CPU,
-		ByCommand: map[string]int64{},
+		ByCommand: map[string]int64{}, UsecByCommand: map[string]int64{},
 	}
 	for k, v := range s.ByCommand {
 		if n := v - before.ByCommand[k]; n != 0 {
 			d.ByCommand[k] = n
+		}
+	}
+	for k, v := range s.UsecByCommand {
+		if n := v - before.UsecByCommand[k]; n != 0 {
+			d.UsecByCommand[k] = n
 		}
 	}
 	return d

@@ -101,17 +101,22 @@ func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
 		b.WriteString("\n| mode | round | retryd@redis decisions/s ÷ ratelimit decisions/s | Redis CPU / decision ratio | Redis read events / decision ratio | Redis commands / decision ratio | server CPU / decision ratio | p99 ratio |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		writeRedisRatios(b, cfg, rs, ratelimitName, true)
 	}
-	// Commands per decision by command, pooled over the rounds of a mode.
-	b.WriteString("\n| mode | target | Redis commands per decision, by command (pooled over rounds) |\n| --- | --- | --- |\n")
+	// Commands per decision by command, pooled over the rounds of a mode,
+	// each with Redis' time in it per decision.
+	b.WriteString("\n| mode | target | Redis commands per decision, by command, and Redis' time in them per decision " +
+		"(commandstats; a script's time includes the commands it calls) (pooled over rounds) |\n| --- | --- | --- |\n")
 	for _, mode := range uniq(rs, func(r Result) string { return r.Mode }) {
 		for _, target := range uniq(rs, func(r Result) string { return r.Target }) {
 			var calls int64
-			by := map[string]int64{}
+			by, usec := map[string]int64{}, map[string]int64{}
 			for _, r := range rs {
 				if r.Mode == mode && r.Target == target {
 					calls += r.Calls
 					for k, v := range r.Redis.ByCommand {
 						by[k] += v
+					}
+					for k, v := range r.Redis.UsecByCommand {
+						usec[k] += v
 					}
 				}
 			}
@@ -125,7 +130,7 @@ func writeRedisTable(b *strings.Builder, cfg Config, results []Result) {
 			slices.SortFunc(cmds, func(x, y string) int { return cmp.Or(cmp.Compare(by[y], by[x]), cmp.Compare(x, y)) })
 			parts := make([]string, len(cmds))
 			for i, k := range cmds {
-				parts[i] = fmt.Sprintf("%s %.3f", strings.ToUpper(k), float64(by[k])/float64(calls))
+				parts[i] = fmt.Sprintf("%s %.3f (%.1f µs)", strings.ToUpper(k), float64(by[k])/float64(calls), float64(usec[k])/float64(calls))
 			}
 			fmt.Fprintf(b, "| %s | %s | %s |\n", mode, target, strings.Join(parts, ", "))
 		}

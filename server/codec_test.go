@@ -1,11 +1,14 @@
 package server
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/memory"
 	"google.golang.org/grpc/encoding"
 	encproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -210,4 +213,51 @@ func scalar(fd protoreflect.FieldDescriptor, n int) protoreflect.Value {
 		return protoreflect.ValueOfBytes([]byte{0, byte(n), 0xff})
 	}
 	panic("unknown kind " + fd.Kind().String())
+}
+
+// BenchmarkCodecMarshal encodes a FailedStep answer (an inline full-jitter
+// policy, scheduled) as the main port's codec does, and as protobuf-go
+// does into a buffer of its own: the difference is the generated
+// encoder's.
+//
+//	go test -run '^$' -bench CodecMarshal -benchmem ./server/
+func BenchmarkCodecMarshal(b *testing.B) {
+	store := memory.New(memory.Config{})
+	defer store.Close()
+	svc, err := service.New(store)
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp, err := svc.FailedStep(context.Background(), &retrydv1.FailedStepRequest{
+		SessionId: "bench-session-123456", LogicalTurnId: "turn-abc", Turn: 1, Step: 1, Provider: "openai",
+		Failure: &retrydv1.Failure{Code: "TRANSPORT", HttpStatus: 502},
+		PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{
+			Mode: retrydv1.Mode_MODE_NORMAL, MaxRetries: proto.Uint32(5),
+			Backoff: &retrydv1.Backoff{InitialDelayMs: proto.Uint64(200), MaxDelayMs: proto.Uint64(5000),
+				Multiplier: proto.Float64(2), Jitter: retrydv1.Jitter_JITTER_FULL}}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("protobuf-go", func(b *testing.B) {
+		b.ReportAllocs()
+		buf := make([]byte, 0, pooledResponseCap)
+		for b.Loop() {
+			buf = buf[:0:proto.Size(resp)]
+			if buf, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(buf, resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("codec", func(b *testing.B) {
+		b.ReportAllocs()
+		var c pooledCodec
+		for b.Loop() {
+			out, err := c.Marshal(resp)
+			if err != nil {
+				b.Fatal(err)
+			}
+			out.Free()
+		}
+	})
 }

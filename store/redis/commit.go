@@ -102,8 +102,14 @@ type commit struct {
 	// replica knows of it after a successful commit.
 	after map[string]*knownValue
 	// sessions are the sessions the checked session keys hold once the
-	// commit succeeded, by key (see keep).
-	sessions map[string]*engine.Session
+	// commit succeeded, with their retry index expiries, by key (see keep).
+	sessions map[string]keptSession
+}
+
+// keptSession is a session a commit keeps (see keep).
+type keptSession struct {
+	sess    *engine.Session
+	indexed []indexedRetry
 }
 
 // check is one of a commit's checks: its kind and key.
@@ -273,20 +279,20 @@ func (c *commit) run(ctx context.Context, rdb redis.Scripter) ([]any, error) {
 // ran — the snapshot the commit writes (with Set, already added), or the
 // known one, which a transition that changed nothing decided on: once the
 // commit succeeded, the replica knows sess as the key's session (see
-// knownValue.sess).
-func (c *commit) keep(k string, sess *engine.Session) {
+// knownValue.sess), and indexed as its retry index expiries.
+func (c *commit) keep(k string, sess *engine.Session, indexed []indexedRetry) {
 	if c.sessions == nil {
-		c.sessions = map[string]*engine.Session{}
+		c.sessions = map[string]keptSession{}
 	}
-	c.sessions[k] = sess
+	c.sessions[k] = keptSession{sess, indexed}
 }
 
 // remember records in k what the checked keys hold after a successful
 // commit, with the sessions the commit wrote (keep).
 func (c *commit) remember(k *known) {
 	for key, v := range c.after {
-		if sess := c.sessions[key]; sess != nil && v.raw != "" {
-			v.sess = sess
+		if kept := c.sessions[key]; kept.sess != nil && v.raw != "" {
+			v.sess, v.indexed = kept.sess, kept.indexed
 		}
 		k.set(key, *v)
 	}

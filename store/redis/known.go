@@ -57,10 +57,15 @@ const maxKnown = 1 << 15
 // recall takes it out (take), and only that group's successful commit puts
 // a session back, so one that a failed or conflicted attempt mutated is
 // never used again.
+//
+// indexed travels with sess: until when the retry index key of each of
+// sess's retained retries lives, as this replica last wrote it (see
+// indexRetries).
 type knownValue struct {
-	raw    string
-	fields map[string]string
-	sess   *engine.Session
+	raw     string
+	fields  map[string]string
+	sess    *engine.Session
+	indexed []indexedRetry
 }
 
 func newKnown() *known { return &known{values: map[string]knownValue{}} }

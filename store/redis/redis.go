@@ -409,6 +409,9 @@ type txn struct {
 	// fleets are the fleet states the group read (see fleet.go), shared
 	// by every transition of the group; all are saved with it.
 	fleets map[string]*fleet.ProviderState
+	// indexed are the session's retry index expiries as this replica
+	// last wrote them (nil: unknown, write them all); write updates them.
+	indexed []indexedRetry
 }
 
 func (t *txn) changed(evs ...*retrydv1.Event) {
@@ -557,6 +560,9 @@ type loaded struct {
 	expired  []string
 	// damaged is why a session's data could not be read.
 	damaged error
+	// indexed are sess's retry index expiries as this replica last wrote
+	// them; nil for a session decoded from its snapshot.
+	indexed []indexedRetry
 }
 
 // load reads sessions with their awaiter counts (GetChains, AwaitRetry:
@@ -630,6 +636,7 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 		c.checkHash(s.keys.awaitersKey(id), fields)
 		if v.sess != nil && !s.decodeAlways {
 			out[i] = reuseSession(v.sess, fields, now)
+			out[i].indexed = v.indexed
 		} else {
 			out[i] = decodeSession(id, []byte(v.raw), fields, now)
 		}
@@ -703,7 +710,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	for i, id := range ids {
 		l := sessions[i]
 		txns[i] = &txn{id: id, sess: l.sess, awaiters: l.awaiters, expired: l.expired, env: env,
-			before: populationOf(l.sess), fleets: fleets}
+			before: populationOf(l.sess), fleets: fleets, indexed: l.indexed}
 	}
 	for i, r := range group {
 		// Damaged data refuses the calls that touch it, and only them.
@@ -740,7 +747,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		// a timer set again) leaves the session as its known snapshot has
 		// it, as the memory store keeps it: it stays the key's session.
 		if !t.save && t.gone == nil && t.sess != nil && t.sess == sessions[i].sess {
-			c.keep(s.keys.sessionKey(t.id), t.sess)
+			c.keep(s.keys.sessionKey(t.id), t.sess, t.indexed)
 		}
 	}
 	switch current, err := c.run(ctx, s.rdb); {
@@ -779,7 +786,7 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 			return err
 		}
 		if snap != nil {
-			c.keep(s.keys.sessionKey(t.id), t.sess)
+			c.keep(s.keys.sessionKey(t.id), t.sess, t.indexed)
 		}
 		pop = pop.add(t.delta())
 	}
@@ -801,6 +808,52 @@ func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
 	return max(s.expiresAt(sess).Sub(now), 0) + ttlMargin
 }
 
+// indexedRetry is until when a retained retry's index key lives, in
+// Unix milliseconds of the replica's clock, as the replica last wrote it.
+type indexedRetry struct {
+	id    string
+	until int64
+}
+
+// indexRetries adds to a commit the writes that keep each retained
+// retry's index key (retry id → session id, for AwaitRetry and
+// CancelRetries by id) alive at least as long as the session key, which
+// the commit sets to live ttl from now.
+//
+// Each index key written lives one chain TTL longer than that, and a key
+// is written again only once less than half a chain TTL of that lead is
+// left (or when this replica does not know it: a session decoded from its
+// snapshot has no expiries, so every key is written). Refreshing every
+// key on every write cost a SET per retained retry, up to
+// engine.MaxRetainedRetries of them per decision on a long session, for
+// keys that were nowhere near expiring. The half-TTL margin also absorbs
+// a step back of this replica's clock between two commits. An index key
+// outliving its session is harmless: lookups read the session, and
+// forgetting a session deletes its retries' keys (forget); the TTL only
+// bounds Redis' memory when no replica runs.
+func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl time.Duration) {
+	now := t.env.Now.UnixMilli()
+	need := now + ms(ttl)      // the session key's expiry
+	lead := ms(s.cfg.ChainTTL) // how much longer an index key lives
+	retries := t.sess.Retries()
+	indexed := make([]indexedRetry, len(retries))
+	for i, r := range retries {
+		until := int64(0)
+		for _, x := range t.indexed {
+			if x.id == r.ID {
+				until = x.until
+				break
+			}
+		}
+		if until < need+lead/2 {
+			until = need + lead
+			pl.Set(ctx, s.keys.retryKey(p, r.ID), t.id, time.Duration(until-now)*time.Millisecond)
+		}
+		indexed[i] = indexedRetry{r.ID, until}
+	}
+	t.indexed = indexed
+}
+
 // write adds one session's changes to a commit.
 func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte) error {
 	id := t.id
@@ -811,9 +864,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 	if snap != nil {
 		ttl = s.keyTTL(t.sess, t.env.Now)
 		pl.Set(ctx, s.keys.sessionKey(id), snap, ttl)
-		for _, r := range t.sess.Retries() {
-			pl.Set(ctx, s.keys.retryKey(p, r.ID), id, ttl)
-		}
+		s.indexRetries(ctx, pl, p, t, ttl)
 		if len(t.expired) > 0 {
 			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)
 		}

@@ -7,6 +7,10 @@
 //	    [--retryd-env KEY=VALUE]… [--no-metrics] [--profile DIR]
 //	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
 //	    [--scale-src DIR] [--chains-memory-limit 1GiB] [--skip-ab] [--out bench-results.md]
+//	go run ./bench/cmd/retryd-bench --all [--ratelimit-bin PATH] --out bench-results.md
+//
+// --all runs every part, as docs/benchmarks.md reports them; flags given
+// beside it win.
 //
 // --redis-peer adds the Redis part: a redis-server of the harness's own,
 // retryd on --store redis:// against it ("retryd@redis") and redis-benchmark
@@ -92,8 +96,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sc.ChainsMemoryLimit = n
 		return nil
 	})
+	all := fs.Bool("all", false, "run every part as docs/benchmarks.md reports it: the A/B modes, --gubernator, --redis-peer (with ratelimit when --ratelimit-bin or $RETRYD_BENCH_RATELIMIT_BIN names its binary), --chains "+allChains+" and --awaiters 100000 (lead 75s, spread 60s); flags given explicitly win")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *all {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		everyPart(&cfg, &sc, chains, set, os.Getenv("RETRYD_BENCH_RATELIMIT_BIN"))
 	}
 	root, err := moduleRoot(ctx)
 	if err != nil {
@@ -143,6 +153,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// allChains are --all's checkpoints of the chains part.
+const allChains = "10000,100000,250000,500000,750000,1000000"
+
+// everyPart turns on, for --all, every part a flag does not already
+// configure (set holds the flags given): gubernator, the Redis part (with
+// ratelimit when ratelimitBin names its binary), memory per chain at
+// allChains and 100 000 awaiters, as docs/benchmarks.md runs them.
+func everyPart(cfg *bench.Config, sc *bench.ScaleConfig, chains *string, set map[string]bool, ratelimitBin string) {
+	cfg.Gubernator, cfg.RedisPeer = true, true
+	if !set["ratelimit-bin"] && ratelimitBin != "" {
+		cfg.RatelimitBin = ratelimitBin
+	}
+	if !set["chains"] {
+		*chains = allChains
+	}
+	if !set["awaiters"] {
+		sc.Awaiters = 100_000
+	}
+	if !set["awaiters-lead"] {
+		sc.AwaitLead = 75 * time.Second
+	}
+	if !set["awaiters-spread"] {
+		sc.AwaitSpread = 60 * time.Second
+	}
 }
 
 // moduleRoot is the directory of the main module's go.mod.

@@ -24,7 +24,6 @@ import (
 	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -617,15 +616,25 @@ type FailOutcome struct {
 // fingerprintBufs are encoding buffers for fingerprint.
 var fingerprintBufs = sync.Pool{New: func() any { return new([]byte) }}
 
+// fingerprint is the SHA-256 of a report's deterministic encoding, which
+// stores keep with its step record. It is encoded by the generated
+// encoder (see server/codec.go), whose bytes are protobuf-go's
+// deterministic ones for retryd's messages, which have no maps, so
+// fingerprints stored by earlier versions still match
+// (TestFingerprintIsTheDeterministicEncodings).
 func fingerprint(req *retrydv1.FailedStepRequest) [sha256.Size]byte {
 	buf := fingerprintBufs.Get().(*[]byte)
 	defer fingerprintBufs.Put(buf)
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend((*buf)[:0], req)
-	if err != nil {
-		// A validated request always marshals; fall back to the text form.
-		b = append((*buf)[:0], req.String()...)
+	size := req.SizeVT()
+	if cap(*buf) < size {
+		*buf = make([]byte, size)
 	}
-	*buf = b
+	b := (*buf)[:size]
+	if n, err := req.MarshalToSizedBufferVT(b); err != nil || n != size {
+		// A validated request always encodes; fall back to the text form.
+		b = append((*buf)[:0], req.String()...)
+		*buf = b
+	}
 	return sha256.Sum256(b)
 }
 

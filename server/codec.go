@@ -21,9 +21,10 @@ import (
 //     retryd's collector then pays for in proportion to retryd's live
 //     state;
 //   - retryd's own messages (gen/) are encoded by the code
-//     protoc-gen-go-vtproto generated for them, about five times faster
-//     than protobuf-go's table-driven encoder for a FailedStep answer.
-//     Other messages (health, reflection) take protobuf-go's.
+//     protoc-gen-go-vtproto generated for them: a FailedStep answer in
+//     about 0.3 µs, pool and buffer included, against 1 µs for
+//     protobuf-go's table-driven encoder (BenchmarkCodecMarshal). Other
+//     messages (health, reflection) take protobuf-go's.
 //
 // Decoding is grpc-go's own, so protobuf-go still checks every request,
 // including that its strings are valid UTF-8, which the generated

@@ -1,8 +1,10 @@
 package redis
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -115,6 +117,8 @@ func retryKeyOf(t *testing.T, s *Store, r *engine.Retry) string {
 }
 
 // monitor collects the commands a Redis runs (MONITOR), scripts' included.
+// It speaks RESP on a connection of its own: go-redis' Monitor hands its
+// connection back to the pool while it still reads from it.
 type monitor struct {
 	rdb   *goredis.Client
 	mu    sync.Mutex
@@ -124,28 +128,27 @@ type monitor struct {
 
 func newMonitor(t *testing.T, addr string) *monitor {
 	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
 	m := &monitor{rdb: goredis.NewClient(&goredis.Options{Addr: addr})}
-	ch := make(chan string, 1024)
-	ctx, cancel := context.WithCancel(context.Background())
-	cmd := goredis.NewClient(&goredis.Options{Addr: addr, Protocol: 2}).Monitor(ctx, ch)
-	cmd.Start()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			select {
-			case line := <-ch:
-				m.mu.Lock()
-				m.lines = append(m.lines, line)
-				m.mu.Unlock()
-			case <-ctx.Done():
-				return
-			}
+		sc := bufio.NewScanner(conn)
+		sc.Buffer(make([]byte, 64<<10), 16<<20) // a snapshot is one argument
+		for sc.Scan() {
+			m.mu.Lock()
+			m.lines = append(m.lines, sc.Text())
+			m.mu.Unlock()
 		}
 	}()
 	t.Cleanup(func() {
-		cmd.Stop()
-		cancel()
+		conn.Close()
 		<-done
 		m.rdb.Close()
 	})

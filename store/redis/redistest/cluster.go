@@ -152,6 +152,11 @@ func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
 // startNode starts node i of a cluster, with its cluster bus on a free
 // port of its own (not the default port+10000, which may be taken).
 func startNode(dir string, i int, opts ClusterOptions) (*Server, error) {
+	return startEach(func() ([]string, error) { return nodeArgs(dir, i, opts) })
+}
+
+// nodeArgs are the arguments of node i, with a bus port picked afresh.
+func nodeArgs(dir string, i int, opts ClusterOptions) ([]string, error) {
 	bus, err := freePort()
 	if err != nil {
 		return nil, err
@@ -169,7 +174,7 @@ func startNode(dir string, i int, opts ClusterOptions) (*Server, error) {
 	} else {
 		args = append(args, "--appendonly", "no")
 	}
-	return startArgs(args)
+	return args, nil
 }
 
 func freePort() (int, error) {

@@ -8,9 +8,11 @@ package redistest
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -211,17 +213,52 @@ func start(args ...string) (*Server, error) {
 // startArgs runs redis-server with exactly args (a configuration file, if
 // any, first) on a free loopback port.
 func startArgs(args []string) (*Server, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	return startEach(func() ([]string, error) { return args, nil })
+}
+
+// errExited is a redis-server that ended before it answered PING.
+var errExited = errors.New("redis-server exited before it answered PING")
+
+// startTries is how many ports startEach tries.
+const startTries = 3
+
+// startEach runs redis-server with the arguments next returns on a free
+// loopback port, and when the server exits at once, again on another port
+// with next's arguments again (next picks any further ports it names
+// afresh). A port found free is closed before redis-server binds it, and
+// with many tests starting servers and dialling at once another process
+// can take it in between: redis-server then fails to bind and exits.
+func startEach(next func() ([]string, error)) (*Server, error) {
+	var err error
+	for range startTries {
+		var args []string
+		if args, err = next(); err != nil {
+			return nil, err
+		}
+		var port int
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+		var p *process
+		if p, err = run(port, args); err == nil {
+			return &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, args: args, proc: p}, nil
+		}
+		if !errors.Is(err, errExited) {
+			return nil, err
+		}
 	}
-	port := lis.Addr().(*net.TCPAddr).Port
-	lis.Close()
-	p, err := run(port, args)
+	return nil, err
+}
+
+// alive reports whether process pid runs (a zombie, which its watchdog has
+// not reaped yet, does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return nil, err
+		return false
 	}
-	return &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, args: args, proc: p}, nil
+	_, rest, ok := strings.Cut(string(b), ") ")
+	return ok && rest != "" && rest[0] != 'Z' && rest[0] != 'X'
 }
 
 // run starts redis-server on port under a shell watchdog that kills it by
@@ -264,6 +301,10 @@ wait $pid`, strings.Join(quoted, " "), port)
 		err := ping(addr)
 		if err == nil {
 			return p, nil
+		}
+		if !alive(pid) {
+			p.stop()
+			return nil, fmt.Errorf("redistest: redis-server on %s: %w", addr, errExited)
 		}
 		if time.Now().After(deadline) {
 			p.stop()

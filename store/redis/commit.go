@@ -106,7 +106,8 @@ type commit struct {
 	sessions map[string]keptSession
 }
 
-// keptSession is a session a commit keeps (see keep).
+// keptSession is a session a replica keeps with what it knows of its key
+// (see keep and knownValue).
 type keptSession struct {
 	sess    *engine.Session
 	indexed []indexedRetry
@@ -292,7 +293,7 @@ func (c *commit) keep(k string, sess *engine.Session, indexed []indexedRetry) {
 func (c *commit) remember(k *known) {
 	for key, v := range c.after {
 		if kept := c.sessions[key]; kept.sess != nil && v.raw != "" {
-			v.sess, v.indexed = kept.sess, kept.indexed
+			v.keptSession = kept
 		}
 		k.set(key, *v)
 	}

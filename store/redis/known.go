@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/retryd/retryd/engine"
 )
 
 // What a replica knows. A commit does not read before it decides: it
@@ -44,10 +43,10 @@ const maxKnown = 1 << 15
 // knownValue is a key's value as last seen: raw for a string ("" when
 // absent), fields for a hash.
 //
-// sess is, for a session key, the session whose snapshot raw is: the
-// engine.Session this replica's last commit of the key wrote raw from, so
-// that the next group on the session decides on it instead of unmarshalling
-// and restoring raw again (recall). It is set only by a successful commit
+// keptSession is, for a session key, the session whose snapshot raw is:
+// sess is the engine.Session this replica's last commit of the key wrote
+// raw from, so that the next group on the session decides on it instead
+// of unmarshalling and restoring raw again (recall). It is set only by a successful commit
 // that wrote the snapshot from it, or that decided on it and did not mark
 // it changed (commit.keep; a transition that changed it unmarked would
 // not be written at all), never for a value learned or read (a failed
@@ -58,14 +57,13 @@ const maxKnown = 1 << 15
 // a session back, so one that a failed or conflicted attempt mutated is
 // never used again.
 //
-// indexed travels with sess: until when the retry index key of each of
+// Its indexed travels with sess: until when the retry index key of each of
 // sess's retained retries lives, as this replica last wrote it (see
 // indexRetries).
 type knownValue struct {
-	raw     string
-	fields  map[string]string
-	sess    *engine.Session
-	indexed []indexedRetry
+	raw    string
+	fields map[string]string
+	keptSession
 }
 
 func newKnown() *known { return &known{values: map[string]knownValue{}} }

@@ -114,6 +114,32 @@ type Result struct {
 	// Redis are the harness's redis-server's counters over the phase, for
 	// the targets of the Redis part (nil otherwise).
 	Redis *RedisStats
+	// Runtime is the server's Go runtime over the phase, for targets
+	// with retryd's /metrics (nil otherwise).
+	Runtime *GoRuntime
+}
+
+// GoRuntime is what a server's Go runtime did during a phase, from its
+// Prometheus Go collector.
+type GoRuntime struct {
+	GCs       float64 // completed GC cycles
+	Allocated float64 // bytes allocated on the heap
+	Heap      float64 // heap objects' bytes (live and not yet swept) at the end
+}
+
+// goRuntimeMetrics are the samples GoRuntime is read from.
+var goRuntimeMetrics = []string{"go_gc_duration_seconds_count", "go_memstats_alloc_bytes_total", "go_memstats_heap_alloc_bytes"}
+
+// goRuntimeOf reads p's runtime counters, or nil when p has no /metrics.
+func goRuntimeOf(ctx context.Context, p *process) (*GoRuntime, error) {
+	if p.metricsAddr == "" {
+		return nil, nil
+	}
+	m, err := scrape(ctx, p, goRuntimeMetrics...)
+	if err != nil || len(m) < len(goRuntimeMetrics) {
+		return nil, err // not a Go server with the Prometheus Go collector
+	}
+	return &GoRuntime{GCs: m["go_gc_duration_seconds_count"], Allocated: m["go_memstats_alloc_bytes_total"], Heap: m["go_memstats_heap_alloc_bytes"]}, nil
 }
 
 // RPS is calls per second.
@@ -418,6 +444,10 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 			return res, err
 		}
 	}
+	rt0, err := goRuntimeOf(ctx, t.proc)
+	if err != nil {
+		return res, err
+	}
 	cpu0, err := t.proc.cpuSeconds()
 	if err != nil {
 		return res, err
@@ -429,6 +459,15 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	cpu1, err := t.proc.cpuSeconds()
 	if err != nil {
 		return res, err
+	}
+	if rt0 != nil {
+		rt1, err := goRuntimeOf(ctx, t.proc)
+		if err != nil {
+			return res, err
+		}
+		if rt1 != nil {
+			res.Runtime = &GoRuntime{GCs: rt1.GCs - rt0.GCs, Allocated: rt1.Allocated - rt0.Allocated, Heap: rt1.Heap}
+		}
 	}
 	if t.redis != nil {
 		redis1, err := t.redis.snapshot(ctx)

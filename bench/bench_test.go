@@ -36,6 +36,10 @@ func TestSmoke(t *testing.T) {
 		if r.Errors != 0 {
 			t.Errorf("%s %s: %d errors, first: %s", r.Target, r.Mode, r.Errors, r.FirstError)
 		}
+		// retryd's runtime counters come from its /metrics; echo has none.
+		if rt := r.Runtime; (rt != nil) != (r.Target == "retryd") || rt != nil && (rt.Allocated <= 0 || rt.Heap <= 0 || rt.GCs < 0) {
+			t.Errorf("%s %s: Go runtime %+v", r.Target, r.Mode, rt)
+		}
 	}
 	var b strings.Builder
 	if err := WriteTable(&b, cfg, results); err != nil {
@@ -43,7 +47,8 @@ func TestSmoke(t *testing.T) {
 	}
 	// The pooled ratio rows need CPU readings above zero, which a tiny run
 	// on a busy machine may not get: only the per-round rows are certain.
-	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | retryd | grpc echo | 1 |"} {
+	for _, want := range []string{"| saturation | 1 | retryd |", "| 200 rps | 1 | grpc echo |", "| saturation | retryd | grpc echo | 1 |",
+		"| GC cycles / 1 000 calls |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

@@ -537,27 +537,36 @@ func memoryOf(ctx context.Context, p *process) (rss, heap int64, err error) {
 	if p.metricsAddr == "" {
 		return rss, 0, nil
 	}
+	m, err := scrape(ctx, p, "go_memstats_heap_alloc_bytes")
+	return rss, int64(m["go_memstats_heap_alloc_bytes"]), err
+}
+
+// scrape reads the named unlabelled samples from retryd's /metrics.
+func scrape(ctx context.Context, p *process, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metricsAddr+"/metrics", nil)
 	if err != nil {
-		return rss, 0, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return rss, 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
+	out := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_alloc_bytes "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return rss, 0, err
-			}
-			heap = int64(f)
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(names, name) {
+			continue
 		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", name, v, err)
+		}
+		out[name] = f
 	}
-	return rss, heap, sc.Err()
+	return out, sc.Err()
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }

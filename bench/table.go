@@ -50,9 +50,29 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 			}
 		}
 	}
+	writeRuntimeTable(&b, results)
 	writeRedisTable(&b, cfg, results)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRuntimeTable writes what the Go runtime of each retryd phase did
+// per call: garbage collection is paced by bytes allocated against the
+// live heap, so these say why CPU per call moved when code did not.
+func writeRuntimeTable(b *strings.Builder, results []Result) {
+	header := false
+	for _, r := range results {
+		if r.Runtime == nil || r.Calls == 0 {
+			continue
+		}
+		if !header {
+			b.WriteString("\n| mode | round | target | GC cycles / 1 000 calls | allocated / call | heap at the end |\n| --- | ---: | --- | ---: | ---: | ---: |\n")
+			header = true
+		}
+		calls := float64(r.Calls)
+		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.0f B | %.1f MiB |\n",
+			r.Mode, r.Round, r.Target, r.Runtime.GCs/calls*1000, r.Runtime.Allocated/calls, r.Runtime.Heap/(1<<20))
+	}
 }
 
 // writeRedisTable writes the Redis part's phases (those with Redis

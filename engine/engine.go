@@ -124,9 +124,6 @@ type Retry struct {
 	SessionID string
 	// Awaiters counts connected AwaitRetry streams; maintained by the store.
 	Awaiters int
-	// DueArmed reports that the store armed a timer for the due time,
-	// which it does for an awaited retry only; maintained by the store.
-	DueArmed bool
 	Status   retrydv1.RetryStatus
 
 	// The decision, which never changes once made; provider and policy key

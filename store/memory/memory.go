@@ -216,11 +216,10 @@ func (s *Store) restore(st *State) {
 			s.indexRetry(r)
 		}
 		if r := sess.Pending(); r != nil {
-			// Nobody awaits it yet (see FailedStep).
 			if r.Due().After(now) {
-				s.timers.push(s.coalesced(r.Due()), r, timerDue)
+				s.timers.push(r.Due(), r, timerDue)
 			} else {
-				s.timers.push(s.abandonAt(now), r, timerAbandon)
+				s.timers.push(now.Add(s.cfg.AbandonGrace), r, timerAbandon)
 			}
 		}
 	}
@@ -303,26 +302,6 @@ func (s *Store) startGate(r *engine.Retry, now time.Time) (time.Time, bool) {
 	return (*g).Start(r.SessionID, r.Provider(), nil, now)
 }
 
-// coalesced returns t rounded up to the next multiple of the timer
-// slack: a sixteenth of the abandon grace, at most a second (60 s → 1 s).
-// It is the deadline of a timer whose retry nobody awaits: no agent sees
-// when it fires, so the timers of retries due around the same time share
-// one wake-up of the timer goroutine, and none fires early.
-func (s *Store) coalesced(t time.Time) time.Time {
-	slack := int64(max(min(s.cfg.AbandonGrace/16, time.Second), 1))
-	at := t.UnixNano()
-	if r := at % slack; r != 0 {
-		at += slack - r
-	}
-	return time.Unix(0, at)
-}
-
-// abandonAt returns when a retry due at due, or found unawaited at due,
-// is abandoned if nobody awaits it by then: a grace later, coalesced.
-func (s *Store) abandonAt(due time.Time) time.Time {
-	return s.coalesced(due.Add(s.cfg.AbandonGrace))
-}
-
 // held re-arms the due timer of a retry the start gate held back.
 func (s *Store) held(r *engine.Retry) {
 	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(r.HeldUntil()) {
@@ -393,12 +372,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 	}
 	if r := out.Scheduled; r != nil {
 		s.indexRetry(r)
-		// A new retry has no awaiter, so its due time needs no precise
-		// timer: the first awaiter to arrive before it arms one
-		// (AwaitRetry), one arriving later starts it at once. Until then
-		// a coalesced timer checks it when due, to arm its abandonment:
-		// a retry nobody awaits does not cost a wake-up of its own.
-		s.timers.push(s.coalesced(r.Due()), r, timerDue)
+		s.timers.push(r.Due(), r, timerDue)
 	}
 	s.unindex(out.Forgotten)
 	return out, nil
@@ -432,10 +406,6 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		s.awaiters.Add(1)
 	}
 	state := r.State()
-	if watching && !r.DueArmed && s.cfg.Now().Before(r.Due()) {
-		r.DueArmed = true
-		s.timers.push(r.Due(), r, timerDue)
-	}
 	if sess := sh.session(r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due()) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
@@ -642,7 +612,7 @@ func (s *Store) fire(e timerEntry) {
 			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
 		}
 	case e.kind == timerDue:
-		s.timers.push(s.abandonAt(r.Due()), r, timerAbandon)
+		s.timers.push(r.Due().Add(s.cfg.AbandonGrace), r, timerAbandon)
 	case r.Awaiters == 0:
 		cp := s.checkpoint(sess)
 		evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)

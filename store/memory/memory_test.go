@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -145,90 +144,6 @@ func TestTimerHeapOrder(t *testing.T) {
 	h.stop()
 	if _, ok := h.next(time.Now); ok {
 		t.Error("next after stop returned an entry")
-	}
-}
-
-// timersOf returns the timer entries waiting for retry id.
-func timersOf(s *Store, id string) []timerEntry {
-	s.timers.mu.Lock()
-	defer s.timers.mu.Unlock()
-	var out []timerEntry
-	for _, e := range s.timers.entries {
-		if e.retry.ID == id {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-// TestUnawaitedRetryTimers: a retry nobody awaits gets a coalesced timer
-// (retries due within one slack share a deadline, none of them early); the
-// first awaiter to arrive before the due time arms a precise one, once; a
-// retry found unawaited when due is abandoned a grace later, coalesced.
-// The clock never moves, so the timer goroutine fires nothing: the test
-// fires entries itself, as that goroutine does.
-func TestUnawaitedRetryTimers(t *testing.T) {
-	t.Parallel()
-	c := &clock{now: time.Unix(1_700_000_000, 0)} // a whole second: the 1 s grid of a 1 min grace
-	s := New(Config{AbandonGrace: time.Minute, Now: c.Now})
-	defer s.Close()
-	var rs []*engine.Retry
-	for i, delay := range []uint64{1100, 1300, 1900} {
-		id := fail(t, s, fmt.Sprint("s", i), 1, delay).GetDecision().GetSchedule().GetRetryId()
-		r, err := s.lookup("", id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs = append(rs, r)
-	}
-	coalesced := c.now.Add(2 * time.Second) // 1 s of slack for a 1 min grace
-	for _, r := range rs {
-		if got := timersOf(s, r.ID); len(got) != 1 || got[0].kind != timerDue || !got[0].when().Equal(coalesced) {
-			t.Fatalf("retry due at %v: timers %v, want one due timer at %v", r.Due(), got, coalesced)
-		}
-	}
-
-	awaiters := func(r *engine.Retry) int {
-		sh := s.shardOf(r.SessionID)
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
-		return r.Awaiters
-	}
-	waitAwaiters := func(r *engine.Retry, n int) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); awaiters(r) != n; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("retry %s: %d awaiters, want %d", r.ID, awaiters(r), n)
-			}
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			_ = s.AwaitRetry(ctx, "", rs[0].ID, func(*retrydv1.AwaitRetryResponse) error { return nil })
-		})
-		waitAwaiters(rs[0], 1)
-	}
-	waitAwaiters(rs[0], 2)
-	got := timersOf(s, rs[0].ID)
-	if len(got) != 2 || !slices.ContainsFunc(got, func(e timerEntry) bool { return e.kind == timerDue && e.when().Equal(rs[0].Due()) }) {
-		t.Errorf("awaited retry due at %v: timers %v, want the coalesced one and one at its due time", rs[0].Due(), got)
-	}
-	cancel()
-	wg.Wait()
-
-	// rs[1]'s coalesced timer fires with nobody awaiting it: its
-	// abandonment is armed a grace after its due time, rounded up.
-	s.fire(timerEntry{retry: rs[1], kind: timerDue})
-	abandon := c.now.Add(62 * time.Second) // 1.3 s + 60 s, rounded up
-	got = timersOf(s, rs[1].ID)
-	if len(got) != 2 || !slices.ContainsFunc(got, func(e timerEntry) bool { return e.kind == timerAbandon && e.when().Equal(abandon) }) {
-		t.Fatalf("unawaited due retry: timers %v, want its abandonment at %v", got, abandon)
-	}
-	s.fire(timerEntry{retry: rs[1], kind: timerAbandon})
-	if term := rs[1].Terminal(); term.GetCancelled().GetReason() != retrydv1.CancelReason_CANCEL_REASON_ABANDONED {
-		t.Errorf("after its abandonment: %v, want cancelled abandoned", term)
 	}
 }
 

@@ -114,8 +114,9 @@ type Result struct {
 	// Redis are the harness's redis-server's counters over the phase, for
 	// the targets of the Redis part (nil otherwise).
 	Redis *RedisStats
-	// Runtime is the server's Go runtime over the phase, for targets
-	// with retryd's /metrics (nil otherwise).
+	// Runtime is the server's Go runtime over the phase, for retryd and
+	// echo, whose /metrics have the Prometheus Go collector (nil
+	// otherwise).
 	Runtime *GoRuntime
 }
 
@@ -223,11 +224,13 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if !cfg.NoMetrics || cfg.ProfileDir != "" {
 		retrydArgs = append(retrydArgs, "--metrics-listen", "127.0.0.1:0")
 	}
-	echoArgs := []string{"--listen", "127.0.0.1:0"}
+	// echo's metrics listener serves only its runtime counters (no
+	// interceptor), read between phases as retryd's are.
+	echoArgs := []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}
 	mainArgs := retrydArgs
 	if cfg.ProfileDir != "" {
 		mainArgs = append(slices.Clone(retrydArgs), "--pprof")
-		echoArgs = append(echoArgs, "--pprof", "127.0.0.1:0")
+		echoArgs = append(echoArgs, "--pprof")
 	}
 	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, append(slices.Clone(noTrace), cfg.RetrydEnv...))
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 // saturation), after the measured ones and not part of the table, and
 // collects the server's CPU profile over it and a heap profile (after a
 // GC) at its end, through the server's net/http/pprof (retryd
-// --metrics-listen … --pprof, bench/echo --pprof). It writes
+// and bench/echo --metrics-listen … --pprof). It writes
 // <dir>/<name>.<mode>.cpu.pprof, .heap.pprof and .top.txt (the share of
 // each category of work, see breakdown, then go tool pprof -top, flat and
 // cumulative) and returns their paths. A target without a

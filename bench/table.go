@@ -56,9 +56,10 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 	return err
 }
 
-// writeRuntimeTable writes what the Go runtime of each retryd phase did
-// per call: garbage collection is paced by bytes allocated against the
-// live heap, so these say why CPU per call moved when code did not.
+// writeRuntimeTable writes what the Go runtime of each phase did per
+// call, for the targets whose /metrics has it (retryd and echo): garbage
+// collection is paced by bytes allocated against the live heap, so these
+// say how much of a difference in CPU per call the collector can be.
 func writeRuntimeTable(b *strings.Builder, results []Result) {
 	header := false
 	for _, r := range results {

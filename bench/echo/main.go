@@ -7,13 +7,15 @@
 // of about the same request size as a FailedStep: HTTP/2 framing, the
 // handler dispatch and a proto decode and encode, and nothing else.
 //
-//	echo [--listen 127.0.0.1:0] [--pprof 127.0.0.1:0]
+//	echo [--listen 127.0.0.1:0] [--metrics-listen 127.0.0.1:0 [--pprof]]
 //
 // When it serves it logs one JSON line {"msg":"serving","addr":"…"} to
 // stderr, the same line retryd logs, so the harness reads both the same way.
-// With --pprof it also serves net/http/pprof on that address (logged as
-// "metrics_addr", where retryd serves its profiles), so the harness can
-// profile the baseline exactly as it profiles retryd.
+// With --metrics-listen it also serves /metrics on that address (logged as
+// "metrics_addr"): the Prometheus Go collector, whose runtime counters
+// retryd's /metrics has as well, and with --pprof net/http/pprof, as
+// retryd does. So the harness reads and profiles the baseline's runtime
+// exactly as it does retryd's. Nothing is served there during a call.
 package main
 
 import (
@@ -30,6 +32,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -71,9 +74,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("echo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:0", "gRPC listen address")
-	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this address; empty: off")
+	metricsAddr := fs.String("metrics-listen", "", "serve /metrics (the Prometheus Go collector) on this address; empty: off")
+	withPprof := fs.Bool("pprof", false, "also serve net/http/pprof on --metrics-listen")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *withPprof && *metricsAddr == "" {
+		return fmt.Errorf("--pprof needs --metrics-listen")
 	}
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -82,18 +89,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	srv := grpc.NewServer()
 	srv.RegisterService(&echoDesc, struct{}{})
 	serving := map[string]string{"msg": "serving", "addr": lis.Addr().String()}
-	if *pprofAddr != "" {
-		plis, err := net.Listen("tcp", *pprofAddr)
+	if *metricsAddr != "" {
+		mlis, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
 			lis.Close()
-			return fmt.Errorf("net.Listen --pprof: %w", err)
+			return fmt.Errorf("net.Listen --metrics-listen: %w", err)
 		}
-		defer plis.Close()
+		defer mlis.Close()
 		mux := http.NewServeMux()
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		go func() { _ = http.Serve(plis, mux) }()
-		serving["metrics_addr"] = plis.Addr().String()
+		mux.Handle("/metrics", promhttp.Handler())
+		if *withPprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		}
+		go func() { _ = http.Serve(mlis, mux) }()
+		serving["metrics_addr"] = mlis.Addr().String()
 	}
 	line, err := json.Marshal(serving)
 	if err != nil {

@@ -114,6 +114,9 @@ type Result struct {
 	// Redis are the harness's redis-server's counters over the phase, for
 	// the targets of the Redis part (nil otherwise).
 	Redis *RedisStats
+	// ThreadRuns is how often the server's threads were put on a CPU
+	// during the phase (schedStats): its wake-ups, about.
+	ThreadRuns int64
 	// Runtime is the server's Go runtime over the phase, for retryd and
 	// echo, whose /metrics have the Prometheus Go collector (nil
 	// otherwise).
@@ -455,6 +458,10 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	if err != nil {
 		return res, err
 	}
+	_, runs0, err := schedStats(t.proc.cmd.Process.Pid)
+	if err != nil {
+		return res, err
+	}
 	st, err := drive(ctx, callers, cfg.Duration, rate, max(cfg.Samples/cfg.Workers, 1))
 	if err != nil {
 		return res, err
@@ -463,6 +470,11 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	if err != nil {
 		return res, err
 	}
+	_, runs1, err := schedStats(t.proc.cmd.Process.Pid)
+	if err != nil {
+		return res, err
+	}
+	res.ThreadRuns = runs1 - runs0
 	if rt0 != nil {
 		rt1, err := goRuntimeOf(ctx, t.proc)
 		if err != nil {

@@ -40,6 +40,9 @@ func TestSmoke(t *testing.T) {
 		if rt := r.Runtime; rt == nil || rt.Allocated <= 0 || rt.Heap <= 0 || rt.GCs < 0 {
 			t.Errorf("%s %s: Go runtime %+v", r.Target, r.Mode, rt)
 		}
+		if r.ThreadRuns <= 0 { // a server that answered calls ran
+			t.Errorf("%s %s: its threads were put on a CPU %d times", r.Target, r.Mode, r.ThreadRuns)
+		}
 	}
 	var b strings.Builder
 	if err := WriteTable(&b, cfg, results); err != nil {

@@ -164,34 +164,36 @@ func procCPU(pid int) (float64, error) {
 	return float64(utime+stime) / userHZ, nil
 }
 
-// runQueueWait is how long the process's threads have spent runnable but
-// waiting for a CPU, summed over its threads (the second field of
-// /proc/<pid>/task/<tid>/schedstat): the time the kernel gave to other
-// processes, or to the process's other threads, while this one had work.
-// Threads that have exited no longer count.
-func runQueueWait(pid int) (time.Duration, error) {
+// schedStats sums /proc/<pid>/task/<tid>/schedstat over the process's
+// threads: wait is how long they spent runnable but waiting for a CPU
+// (the second field: the time the kernel gave to other processes, or to
+// the process's other threads, while this one had work), and runs how
+// often a thread was put on a CPU (the third field: each wake-up of a
+// sleeping thread is one). Threads that have exited no longer count.
+func schedStats(pid int) (wait time.Duration, runs int64, err error) {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
-		return 0, fmt.Errorf("reading the threads of pid %d: %w", pid, err)
+		return 0, 0, fmt.Errorf("reading the threads of pid %d: %w", pid, err)
 	}
-	var sum time.Duration
 	for _, t := range tasks {
 		b, err := os.ReadFile(dir + "/" + t.Name() + "/schedstat")
 		if err != nil {
 			continue // the thread exited
 		}
 		f := strings.Fields(string(b))
-		if len(f) < 2 {
-			return 0, fmt.Errorf("%s/%s/schedstat: %q", dir, t.Name(), b)
+		if len(f) < 3 {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: %q", dir, t.Name(), b)
 		}
-		ns, err := strconv.ParseInt(f[1], 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s/%s/schedstat: %w", dir, t.Name(), err)
+		ns, err1 := strconv.ParseInt(f[1], 10, 64)
+		n, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return 0, 0, fmt.Errorf("%s/%s/schedstat: %w", dir, t.Name(), err)
 		}
-		sum += time.Duration(ns)
+		wait += time.Duration(ns)
+		runs += n
 	}
-	return sum, nil
+	return wait, runs, nil
 }
 
 // loadAverage is the machine's 1-minute load average (/proc/loadavg), or

@@ -451,14 +451,14 @@ func runAwaiters(ctx context.Context, cfg ScaleConfig, bin string, logw io.Write
 		var s sample
 		s.at = time.Now()
 		if s.cpu, s.err = p.cpuSeconds(); s.err == nil {
-			s.wait, s.err = runQueueWait(p.cmd.Process.Pid)
+			s.wait, _, s.err = schedStats(p.cmd.Process.Pid)
 		}
 		windowStart <- s
 	}()
 	awaiting.Wait()
 	if start := <-windowStart; start.err == nil && time.Since(start.at) > 0 {
 		cpu, err1 := p.cpuSeconds()
-		wait, err2 := runQueueWait(p.cmd.Process.Pid)
+		wait, _, err2 := schedStats(p.cmd.Process.Pid)
 		if err1 == nil && err2 == nil {
 			res.Window, res.WindowCPU, res.WindowRunWait = time.Since(start.at), cpu-start.cpu, wait-start.wait
 			res.WindowLoad = loadAverage()

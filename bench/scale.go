@@ -541,7 +541,8 @@ func memoryOf(ctx context.Context, p *process) (rss, heap int64, err error) {
 	return rss, int64(m["go_memstats_heap_alloc_bytes"]), err
 }
 
-// scrape reads the named unlabelled samples from retryd's /metrics.
+// scrape reads the named unlabelled samples from a server's /metrics;
+// a server that has none gives none.
 func scrape(ctx context.Context, p *process, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metricsAddr+"/metrics", nil)
 	if err != nil {
@@ -553,6 +554,9 @@ func scrape(ctx context.Context, p *process, names ...string) (map[string]float6
 	}
 	defer resp.Body.Close()
 	out := make(map[string]float64, len(names))
+	if resp.StatusCode != http.StatusOK {
+		return out, nil // no /metrics here (ratelimit's debug listener)
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {

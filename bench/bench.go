@@ -114,6 +114,9 @@ type Result struct {
 	// Redis are the harness's redis-server's counters over the phase, for
 	// the targets of the Redis part (nil otherwise).
 	Redis *RedisStats
+	// ClientCPU is this process's CPU time during the phase: the load
+	// generator's, which shares the machine's cores with the server.
+	ClientCPU float64
 	// ThreadRuns is how often the server's threads were put on a CPU
 	// during the phase (schedStats): its wake-ups, about.
 	ThreadRuns int64
@@ -462,6 +465,10 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	if err != nil {
 		return res, err
 	}
+	client0, err := procCPU(os.Getpid())
+	if err != nil {
+		return res, err
+	}
 	st, err := drive(ctx, callers, cfg.Duration, rate, max(cfg.Samples/cfg.Workers, 1))
 	if err != nil {
 		return res, err
@@ -470,11 +477,15 @@ func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefi
 	if err != nil {
 		return res, err
 	}
+	client1, err := procCPU(os.Getpid())
+	if err != nil {
+		return res, err
+	}
 	_, runs1, err := schedStats(t.proc.cmd.Process.Pid)
 	if err != nil {
 		return res, err
 	}
-	res.ThreadRuns = runs1 - runs0
+	res.ThreadRuns, res.ClientCPU = runs1-runs0, client1-client0
 	if rt0 != nil {
 		rt1, err := goRuntimeOf(ctx, t.proc)
 		if err != nil {

@@ -43,6 +43,9 @@ func TestSmoke(t *testing.T) {
 		if r.ThreadRuns <= 0 { // a server that answered calls ran
 			t.Errorf("%s %s: its threads were put on a CPU %d times", r.Target, r.Mode, r.ThreadRuns)
 		}
+		if r.ClientCPU < 0 {
+			t.Errorf("%s %s: load generator CPU %v s", r.Target, r.Mode, r.ClientCPU)
+		}
 	}
 	var b strings.Builder
 	if err := WriteTable(&b, cfg, results); err != nil {

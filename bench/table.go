@@ -60,9 +60,11 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 // call, for the targets whose /metrics has it (retryd and echo): garbage
 // collection is paced by bytes allocated against the live heap, so these
 // say how much of a difference in CPU per call the collector can be.
-// The last column is how often the server's threads were put on a CPU
-// per call (/proc schedstat): an idle server pays a thread's wake-up for
-// most of what it does, a busy one shares them.
+// Then how often the server's threads were put on a CPU per call (/proc
+// schedstat): an idle server pays a thread's wake-up for most of what it
+// does, a busy one shares them. The last column is the load generator's
+// own CPU per call: at saturation the two share the cores, so
+// throughput follows the sum of its and the server's.
 func writeRuntimeTable(b *strings.Builder, results []Result) {
 	header := false
 	for _, r := range results {
@@ -70,12 +72,13 @@ func writeRuntimeTable(b *strings.Builder, results []Result) {
 			continue
 		}
 		if !header {
-			b.WriteString("\n| mode | round | target | GC cycles / 1 000 calls | allocated / call | heap at the end | threads put on a CPU / call |\n| --- | ---: | --- | ---: | ---: | ---: | ---: |\n")
+			b.WriteString("\n| mode | round | target | GC cycles / 1 000 calls | allocated / call | heap at the end | threads put on a CPU / call | load generator CPU / call |\n| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n")
 			header = true
 		}
 		calls := float64(r.Calls)
-		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.0f B | %.1f MiB | %.2f |\n",
-			r.Mode, r.Round, r.Target, r.Runtime.GCs/calls*1000, r.Runtime.Allocated/calls, r.Runtime.Heap/(1<<20), float64(r.ThreadRuns)/calls)
+		fmt.Fprintf(b, "| %s | %d | %s | %.2f | %.0f B | %.1f MiB | %.2f | %s |\n",
+			r.Mode, r.Round, r.Target, r.Runtime.GCs/calls*1000, r.Runtime.Allocated/calls, r.Runtime.Heap/(1<<20), float64(r.ThreadRuns)/calls,
+			us(time.Duration(r.ClientCPU/calls*1e9)))
 	}
 }
 

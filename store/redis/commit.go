@@ -276,16 +276,16 @@ func (c *commit) run(ctx context.Context, rdb redis.Scripter) ([]any, error) {
 	return nil, fmt.Errorf("redis store: the commit script answered %v", res)
 }
 
-// keep notes that the checked key k holds sess's snapshot once the commit
-// ran — the snapshot the commit writes (with Set, already added), or the
-// known one, which a transition that changed nothing decided on: once the
-// commit succeeded, the replica knows sess as the key's session (see
-// knownValue.sess), and indexed as its retry index expiries.
-func (c *commit) keep(k string, sess *engine.Session, indexed []indexedRetry) {
+// keep notes that the checked key k holds kept.sess's snapshot once the
+// commit ran — the snapshot the commit writes (with Set, already added),
+// or the known one, which a transition that changed nothing decided on:
+// once the commit succeeded, the replica knows kept as the key's session
+// and its retry index expiries (see knownValue).
+func (c *commit) keep(k string, kept keptSession) {
 	if c.sessions == nil {
 		c.sessions = map[string]keptSession{}
 	}
-	c.sessions[k] = keptSession{sess, indexed}
+	c.sessions[k] = kept
 }
 
 // remember records in k what the checked keys hold after a successful

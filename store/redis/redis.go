@@ -390,8 +390,11 @@ func (s *Store) env(p int) engine.Env {
 
 // txn is one transaction's view of a session and what it changes.
 type txn struct {
-	id       string
-	sess     *engine.Session // nil when the session does not exist (create it to write one)
+	id string
+	// keptSession is the session, nil when it does not exist (create it
+	// to write one), and its retry index expiries as this replica last
+	// wrote them (nil: unknown, write them all); write updates them.
+	keptSession
 	awaiters map[string]int64
 	expired  []string // awaiter entries whose lease ended, deleted on a save
 	env      engine.Env
@@ -409,9 +412,6 @@ type txn struct {
 	// fleets are the fleet states the group read (see fleet.go), shared
 	// by every transition of the group; all are saved with it.
 	fleets map[string]*fleet.ProviderState
-	// indexed are the session's retry index expiries as this replica
-	// last wrote them (nil: unknown, write them all); write updates them.
-	indexed []indexedRetry
 }
 
 func (t *txn) changed(evs ...*retrydv1.Event) {
@@ -552,17 +552,16 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 
 // loaded is one session as a transaction reads it.
 type loaded struct {
-	// sess is nil when the session does not exist or is damaged.
-	sess *engine.Session
+	// sess is nil when the session does not exist or is damaged; indexed
+	// are its retry index expiries as this replica last wrote them, nil
+	// for a session decoded from its snapshot.
+	keptSession
 	// awaiters counts the live awaiter entries per retry; expired names the
 	// entries whose lease ended (see awaiters.go).
 	awaiters map[string]int64
 	expired  []string
 	// damaged is why a session's data could not be read.
 	damaged error
-	// indexed are sess's retry index expiries as this replica last wrote
-	// them; nil for a session decoded from its snapshot.
-	indexed []indexedRetry
 }
 
 // load reads sessions with their awaiter counts (GetChains, AwaitRetry:
@@ -635,8 +634,7 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 		c.checkLarge(s.keys.sessionKey(id), v.raw)
 		c.checkHash(s.keys.awaitersKey(id), fields)
 		if v.sess != nil && !s.decodeAlways {
-			out[i] = reuseSession(v.sess, fields, now)
-			out[i].indexed = v.indexed
+			out[i] = reuseSession(v.keptSession, fields, now)
 		} else {
 			out[i] = decodeSession(id, []byte(v.raw), fields, now)
 		}
@@ -645,12 +643,12 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 }
 
 // reuseSession is decodeSession for a session this replica's last commit
-// wrote the known snapshot from (knownValue.sess): the same session, with
-// the awaiter counts of now.
-func reuseSession(sess *engine.Session, fields map[string]string, now int64) loaded {
-	l := loaded{sess: sess}
+// wrote the known snapshot from (knownValue.sess): the same session and
+// retry index expiries, with the awaiter counts of now.
+func reuseSession(kept keptSession, fields map[string]string, now int64) loaded {
+	l := loaded{keptSession: kept}
 	l.awaiters, l.expired = countAwaiters(fields, now)
-	for _, r := range sess.Retries() {
+	for _, r := range kept.sess.Retries() {
 		r.Awaiters = int(l.awaiters[r.ID])
 	}
 	return l
@@ -709,8 +707,8 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
 		l := sessions[i]
-		txns[i] = &txn{id: id, sess: l.sess, awaiters: l.awaiters, expired: l.expired, env: env,
-			before: populationOf(l.sess), fleets: fleets, indexed: l.indexed}
+		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: env,
+			before: populationOf(l.sess), fleets: fleets}
 	}
 	for i, r := range group {
 		// Damaged data refuses the calls that touch it, and only them.
@@ -747,7 +745,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		// a timer set again) leaves the session as its known snapshot has
 		// it, as the memory store keeps it: it stays the key's session.
 		if !t.save && t.gone == nil && t.sess != nil && t.sess == sessions[i].sess {
-			c.keep(s.keys.sessionKey(t.id), t.sess, t.indexed)
+			c.keep(s.keys.sessionKey(t.id), t.keptSession)
 		}
 	}
 	switch current, err := c.run(ctx, s.rdb); {
@@ -786,7 +784,7 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 			return err
 		}
 		if snap != nil {
-			c.keep(s.keys.sessionKey(t.id), t.sess, t.indexed)
+			c.keep(s.keys.sessionKey(t.id), t.keptSession)
 		}
 		pop = pop.add(t.delta())
 	}

@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -194,6 +196,38 @@ func schedStats(pid int) (wait time.Duration, runs int64, err error) {
 		runs += n
 	}
 	return wait, runs, nil
+}
+
+// scrape reads the named unlabelled samples from a server's /metrics;
+// a server that has none gives none.
+func scrape(ctx context.Context, p *process, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metricsAddr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := make(map[string]float64, len(names))
+	if resp.StatusCode != http.StatusOK {
+		return out, nil // no /metrics here (ratelimit's debug listener)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(names, name) {
+			continue
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s %q: %w", name, v, err)
+		}
+		out[name] = f
+	}
+	return out, sc.Err()
 }
 
 // loadAverage is the machine's 1-minute load average (/proc/loadavg), or

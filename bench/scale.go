@@ -1,13 +1,11 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -539,38 +537,6 @@ func memoryOf(ctx context.Context, p *process) (rss, heap int64, err error) {
 	}
 	m, err := scrape(ctx, p, "go_memstats_heap_alloc_bytes")
 	return rss, int64(m["go_memstats_heap_alloc_bytes"]), err
-}
-
-// scrape reads the named unlabelled samples from a server's /metrics;
-// a server that has none gives none.
-func scrape(ctx context.Context, p *process, names ...string) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.metricsAddr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out := make(map[string]float64, len(names))
-	if resp.StatusCode != http.StatusOK {
-		return out, nil // no /metrics here (ratelimit's debug listener)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !slices.Contains(names, name) {
-			continue
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s %q: %w", name, v, err)
-		}
-		out[name] = f
-	}
-	return out, sc.Err()
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }

@@ -363,15 +363,15 @@ func (a *admission) await(scope, retryID string) (leave func(), err error) {
 	}, nil
 }
 
-// admit admits a validated failure or refuses it. An admitted failure
-// that may add work holds the returned reservation: pass it to decided.
-func (a *admission) admit(f engine.Failure) (*reservation, error) {
+// admit admits a validated failure that arrived at now (the admission's
+// clock) or refuses it. An admitted failure that may add work holds the
+// returned reservation: pass it to decided.
+func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error) {
 	if a == nil || !a.limits.tracks() || f.Policy == nil {
 		return nil, nil // no provider: delegated, nothing is held
 	}
 	req := f.Request
 	sid := req.GetSessionId()
-	now := a.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.sweep(now)
@@ -517,9 +517,8 @@ func (a *admission) forgetIdle(t *tenantCounts) {
 func (a *admission) observe(ev *retrydv1.Event) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.apply(ev)
 	id, seq := ev.GetSessionId(), ev.GetSequence()
-	if ss := a.sessions[id]; ss != nil {
+	if ss := a.apply(ev); ss != nil {
 		ss.seq = max(ss.seq, seq)
 	}
 	for _, r := range slices.Clone(a.ahead[id]) {
@@ -530,8 +529,9 @@ func (a *admission) observe(ev *retrydv1.Event) {
 	}
 }
 
-// apply changes the counts by one event.
-func (a *admission) apply(ev *retrydv1.Event) {
+// apply changes the counts by one event. It returns the session as the
+// counts track it after the event, or nil when they no longer do.
+func (a *admission) apply(ev *retrydv1.Event) *trackedSession {
 	id := ev.GetSessionId()
 	ss := a.sessions[id]
 	switch k := ev.GetKind().(type) {
@@ -593,12 +593,14 @@ func (a *admission) apply(ev *retrydv1.Event) {
 		}
 	}
 	if ss == nil {
-		return
+		return nil
 	}
 	ss.last = ev.GetTime().AsTime()
 	if ss.pending == "" && len(ss.chains) == 0 {
 		a.untrack(id, ss)
+		return nil
 	}
+	return ss
 }
 
 // hold changes what the log shows t (and everyone) holding.

@@ -146,12 +146,12 @@ func TestAdmissionReservations(t *testing.T) {
 	p := &retrydv1.RetryPolicy{}
 	refused := func(what string, f engine.Failure) {
 		t.Helper()
-		if r, err := a.admit(f); status.Code(err) != codes.ResourceExhausted {
+		if r, err := a.admit(f, clock.now()); status.Code(err) != codes.ResourceExhausted {
 			t.Errorf("%s: %v %v, want RESOURCE_EXHAUSTED", what, r, err)
 		}
 	}
 
-	r1, err := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p))
+	r1, err := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
 	if err != nil || r1 == nil {
 		t.Fatalf("first admission: %v %v", r1, err)
 	}
@@ -171,7 +171,7 @@ func TestAdmissionReservations(t *testing.T) {
 	a.observe(log.started("s1", "r1"))
 
 	// A failure that scheduled nothing releases at once.
-	r2, err := a.admit(testFailure(t, "s2", 1, 1, "SERVER", p))
+	r2, err := a.admit(testFailure(t, "s2", 1, 1, "SERVER", p), clock.now())
 	if err != nil || r2 == nil {
 		t.Fatalf("s2: %v %v", r2, err)
 	}
@@ -181,7 +181,7 @@ func TestAdmissionReservations(t *testing.T) {
 	}
 
 	// A decision the log already showed releases at once too.
-	r3, _ := a.admit(testFailure(t, "s3", 1, 1, "SERVER", p))
+	r3, _ := a.admit(testFailure(t, "s3", 1, 1, "SERVER", p), clock.now())
 	ev3 := log.scheduled("s3", "p", "k", "r3", 1, 1, 1)
 	a.observe(ev3)
 	a.decided(r3, scheduledOutcome(ev3), nil)
@@ -193,7 +193,7 @@ func TestAdmissionReservations(t *testing.T) {
 	// A partitioned store may show a session's event after later
 	// sequences of other sessions: the reservation holds until the log
 	// shows its own session's event.
-	r6, _ := a.admit(testFailure(t, "s6", 1, 1, "SERVER", p))
+	r6, _ := a.admit(testFailure(t, "s6", 1, 1, "SERVER", p), clock.now())
 	ev6 := log.scheduled("s6", "p", "k", "r6", 1, 1, 1)
 	a.decided(r6, scheduledOutcome(ev6), nil)
 	a.observe(log.started("s7", "r7")) // a later sequence, another session
@@ -207,11 +207,11 @@ func TestAdmissionReservations(t *testing.T) {
 	a.observe(log.cancelled("s6", "r6"))
 
 	// A decision the log never shows is released after the timeout.
-	r4, _ := a.admit(testFailure(t, "s4", 1, 1, "SERVER", p))
+	r4, _ := a.admit(testFailure(t, "s4", 1, 1, "SERVER", p), clock.now())
 	a.decided(r4, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil)
 	refused("while s4's reservation waits", testFailure(t, "s5", 1, 1, "SERVER", p))
 	clock.t = clock.t.Add(reservationTimeout + time.Second)
-	if r, err := a.admit(testFailure(t, "s5", 1, 1, "SERVER", p)); err != nil || r == nil {
+	if r, err := a.admit(testFailure(t, "s5", 1, 1, "SERVER", p), clock.now()); err != nil || r == nil {
 		t.Errorf("after the reservation timed out: %v %v", r, err)
 	}
 }
@@ -241,7 +241,7 @@ func TestAdmissionPredictsWhatAddsNothing(t *testing.T) {
 		{"a new session", testFailure(t, "s2", 1, 1, "SERVER", one), false},
 		{"another policy in s1", testFailure(t, "s1", 1, 2, "SERVER", &retrydv1.RetryPolicy{}), false},
 	} {
-		r, err := a.admit(tc.f)
+		r, err := a.admit(tc.f, clock.now())
 		if pass := err == nil; pass != tc.pass {
 			t.Errorf("%s: admitted %v (%v), want %v", tc.what, pass, err, tc.pass)
 		}

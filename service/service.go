@@ -162,7 +162,7 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	}
 	scope := scopeOf(ctx)
 	req.SessionId = scope + req.SessionId // validated: never already scoped
-	held, err := s.adm.admit(f)
+	held, err := s.adm.admit(f, now)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused by admission control", "session", req.GetSessionId(), "err", err)
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/retryd/retryd/engine"
@@ -59,11 +60,14 @@ type instruments struct {
 	tracer  trace.Tracer
 	enabled bool // spans are recorded: worth extracting trace contexts
 
-	decisions     metric.Int64Counter
-	attempts      metric.Int64Counter
-	started       metric.Int64Counter
-	cancelled     metric.Int64Counter
-	operations    metric.Int64Counter
+	// The counters are observable: each attribute set's count is an
+	// atomic that a decision adds to without a lock, and the SDK reads
+	// them when it collects (see count).
+	decisions     metric.Int64ObservableCounter
+	attempts      metric.Int64ObservableCounter
+	started       metric.Int64ObservableCounter
+	cancelled     metric.Int64ObservableCounter
+	operations    metric.Int64ObservableCounter
 	decisionTime  metric.Float64Histogram
 	startLateness metric.Float64Histogram
 
@@ -73,14 +77,30 @@ type instruments struct {
 	dues      map[string]time.Time // retry id → due time, for pending retries (observe only, without dueSource)
 	// dueSource, when the store is one, answers due times instead of dues.
 	dueSource DueSource
-	// labels holds each metric attribute set the service has recorded
-	// with, ready to pass to Add: building and sorting a set per call
-	// costs more than the measurement. Bounded like the labels are.
-	labels map[labelKey][]metric.AddOption
+	// counts holds the count of each attribute set of each counter the
+	// service has added to, in the order they were first added to:
+	// building and sorting a set per call costs more than the
+	// measurement. Bounded like the labels are.
+	counts map[labelKey]*count
+	order  []*count
+	found  sync.Map // labelKey → *count: counts, read without mu
 	// decided caches decisionOptions' answers (decisionKey →
 	// *decisionLabels), read without mu.
 	decided sync.Map
 }
+
+// count is one attribute set's count of one counter. Adding to a
+// synchronous counter of the metrics SDK resolves the attribute set and
+// looks it up on every call, several times the cost of the rest of a
+// delegation's telemetry; an atomic add is a few nanoseconds, and the SDK
+// collects the same cumulative sums through the counters' callback.
+type count struct {
+	key labelKey
+	opt metric.ObserveOption // the attribute set
+	n   atomic.Int64
+}
+
+func (c *count) add() { c.n.Add(1) }
 
 // labelKey names one attribute set of one instrument.
 type labelKey struct {
@@ -108,7 +128,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		backoffs:  make(map[string]trace.Span),
 		providers: make(map[string]struct{}),
 		dues:      make(map[string]time.Time),
-		labels:    make(map[labelKey][]metric.AddOption),
+		counts:    make(map[labelKey]*count),
 	}
 	m := mp.Meter(instrumentationName)
 	var err error
@@ -118,27 +138,27 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		}
 	}
 	must(func() (e error) {
-		t.attempts, e = m.Int64Counter("retryd.attempts.failed", metric.WithUnit("{attempt}"),
+		t.attempts, e = m.Int64ObservableCounter("retryd.attempts.failed", metric.WithUnit("{attempt}"),
 			metric.WithDescription("Failed model requests reported by agents (FailedStep calls that were decided)."))
 		return
 	})
 	must(func() (e error) {
-		t.decisions, e = m.Int64Counter("retryd.decisions", metric.WithUnit("{decision}"),
+		t.decisions, e = m.Int64ObservableCounter("retryd.decisions", metric.WithUnit("{decision}"),
 			metric.WithDescription("Decisions by outcome (schedule or delegate), delegate reason, provider and mode."))
 		return
 	})
 	must(func() (e error) {
-		t.started, e = m.Int64Counter("retryd.retries.started", metric.WithUnit("{retry}"),
+		t.started, e = m.Int64ObservableCounter("retryd.retries.started", metric.WithUnit("{retry}"),
 			metric.WithDescription("Retries whose backoff ended with an agent present (Started recorded)."))
 		return
 	})
 	must(func() (e error) {
-		t.cancelled, e = m.Int64Counter("retryd.retries.cancelled", metric.WithUnit("{retry}"),
+		t.cancelled, e = m.Int64ObservableCounter("retryd.retries.cancelled", metric.WithUnit("{retry}"),
 			metric.WithDescription("Retries cancelled before starting, by reason (requested, abandoned, expired)."))
 		return
 	})
 	must(func() (e error) {
-		t.operations, e = m.Int64Counter("retryd.operations", metric.WithUnit("{operation}"),
+		t.operations, e = m.Int64ObservableCounter("retryd.operations", metric.WithUnit("{operation}"),
 			metric.WithDescription("Logical operations that ended in retryd's hands: recovered (a step succeeded after retries) or delegated."))
 		return
 	})
@@ -146,6 +166,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		t.decisionTime, e = m.Float64Histogram("retryd.decision.duration", metric.WithUnit("s"),
 			metric.WithDescription("Time to decide one FailedStep inside retryd."),
 			metric.WithExplicitBucketBoundaries(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1))
+		return
+	})
+	must(func() (e error) {
+		_, e = m.RegisterCallback(t.observeCounts, t.attempts, t.decisions, t.started, t.cancelled, t.operations)
 		return
 	})
 	must(func() (e error) {
@@ -181,18 +205,23 @@ func (t *instruments) providerLabelLocked(p string) string {
 	return "other"
 }
 
-// addOptions returns the options that record k's attribute set, built
-// once per set. The labels' values are bounded (the provider by
-// providerLabel, the others by enums), so the map is too.
-func (t *instruments) addOptions(k labelKey) []metric.AddOption {
+// countOf returns the count of k's attribute set, made once per set and
+// found again without a lock. The labels' values are bounded (the
+// provider by providerLabel, the others by enums), so the map is too.
+func (t *instruments) countOf(k labelKey) *count {
+	if c, ok := t.found.Load(k); ok {
+		return c.(*count)
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.addOptionsLocked(k)
+	c := t.countOfLocked(k)
+	t.found.Store(k, c)
+	return c
 }
 
-func (t *instruments) addOptionsLocked(k labelKey) []metric.AddOption {
-	if opts, ok := t.labels[k]; ok {
-		return opts
+func (t *instruments) countOfLocked(k labelKey) *count {
+	if c, ok := t.counts[k]; ok {
+		return c
 	}
 	var kvs []attribute.KeyValue
 	switch k.instrument {
@@ -206,26 +235,53 @@ func (t *instruments) addOptionsLocked(k labelKey) []metric.AddOption {
 	case "cancelled":
 		kvs = []attribute.KeyValue{attribute.String("reason", k.cancelling)}
 	}
-	opts := []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(kvs...))}
-	t.labels[k] = opts
-	return opts
+	c := &count{key: k, opt: metric.WithAttributeSet(attribute.NewSet(kvs...))}
+	t.counts[k] = c
+	t.order = append(t.order, c)
+	return c
+}
+
+// observeCounts reports every count to its counter: the callback the SDK
+// calls when it collects.
+func (t *instruments) observeCounts(_ context.Context, o metric.Observer) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range t.order {
+		var inst metric.Int64Observable
+		switch c.key.instrument {
+		case "attempts":
+			inst = t.attempts
+		case "decisions":
+			inst = t.decisions
+		case "started":
+			inst = t.started
+		case "cancelled":
+			inst = t.cancelled
+		case "operations":
+			inst = t.operations
+		default:
+			continue
+		}
+		o.ObserveInt64(inst, c.n.Load(), c.opt)
+	}
+	return nil
 }
 
 // decisionKey is what a decision's measurements are labelled by.
 type decisionKey struct{ provider, decision, reason, mode string }
 
-// decisionLabels are the provider label of a decision and the options of
-// its attempts and decisions measurements.
+// decisionLabels are the provider label of a decision and the counts of
+// its attempts and decisions.
 type decisionLabels struct {
 	provider            string
-	attempts, decisions []metric.AddOption
+	attempts, decisions *count
 }
 
-// decisionOptions returns the provider label of a decision and the
-// options of its attempts and decisions measurements. A decision like one
-// already seen finds them without a lock: the cache holds only providers
-// that keep their own label, so it is bounded like the labels are.
-func (t *instruments) decisionOptions(provider, decision, reason, mode string) (label string, attempts, decisions []metric.AddOption) {
+// decisionCounts returns the provider label of a decision and the counts
+// of its attempts and decisions. A decision like one already seen finds
+// them without a lock: the cache holds only providers that keep their own
+// label, so it is bounded like the labels are.
+func (t *instruments) decisionCounts(provider, decision, reason, mode string) (label string, attempts, decisions *count) {
 	k := decisionKey{provider, decision, reason, mode}
 	if l, ok := t.decided.Load(k); ok {
 		dl := l.(*decisionLabels)
@@ -234,8 +290,8 @@ func (t *instruments) decisionOptions(provider, decision, reason, mode string) (
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	label = t.providerLabelLocked(provider)
-	attempts = t.addOptionsLocked(labelKey{instrument: "attempts", provider: label})
-	decisions = t.addOptionsLocked(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
+	attempts = t.countOfLocked(labelKey{instrument: "attempts", provider: label})
+	decisions = t.countOfLocked(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
 	if label == provider || provider == "" {
 		t.decided.Store(k, &decisionLabels{provider: label, attempts: attempts, decisions: decisions})
 	}
@@ -331,9 +387,9 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	}
 	d := out.Response.GetDecision()
 	if s := d.GetSchedule(); s != nil {
-		_, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "schedule", heldLabel(s.GetDelaySource()), modeLabel(s.GetMode()))
-		t.attempts.Add(ctx, 1, attempts...)
-		t.decisions.Add(ctx, 1, decisions...)
+		_, attempts, decisions := t.decisionCounts(f.Request.GetProvider(), "schedule", heldLabel(s.GetDelaySource()), modeLabel(s.GetMode()))
+		attempts.add()
+		decisions.add()
 		if !t.enabled {
 			return
 		}
@@ -360,14 +416,14 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	}
 	dg := d.GetDelegate()
 	ev := out.Response.GetEvent().GetDelegated()
-	provider, attempts, decisions := t.decisionOptions(f.Request.GetProvider(), "delegate", reasonLabel(dg.GetReason()), modeLabel(ev.GetMode()))
-	t.attempts.Add(ctx, 1, attempts...)
-	t.decisions.Add(ctx, 1, decisions...)
+	provider, attempts, decisions := t.decisionCounts(f.Request.GetProvider(), "delegate", reasonLabel(dg.GetReason()), modeLabel(ev.GetMode()))
+	attempts.add()
+	decisions.add()
 	switch dg.GetReason() {
 	case retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST:
 		// Not the end of the operation: the same step comes back.
 	default:
-		t.operations.Add(ctx, 1, t.addOptions(labelKey{instrument: "operations", outcome: "delegated", provider: provider})...)
+		t.countOf(labelKey{instrument: "operations", outcome: "delegated", provider: provider}).add()
 	}
 	if !t.enabled {
 		return
@@ -443,7 +499,7 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			t.remember(k.Scheduled)
 		case *retrydv1.Event_Started:
 			st := k.Started
-			t.started.Add(ctx, 1)
+			t.countOf(labelKey{instrument: "started"}).add()
 			if due, ok := t.dueOf(st.GetRetryId()); ok {
 				t.startLateness.Record(ctx, st.GetStartedAt().AsTime().Sub(due).Seconds())
 			}
@@ -457,7 +513,7 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 		case *retrydv1.Event_Cancelled:
 			c := k.Cancelled
 			t.forget(c.GetRetryId())
-			t.cancelled.Add(ctx, 1, t.addOptions(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())})...)
+			t.countOf(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())}).add()
 			if span := t.takeBackoff(c.GetRetryId()); span != nil {
 				at := ev.GetTime().AsTime()
 				span.AddEvent("cancelled", trace.WithTimestamp(at), trace.WithAttributes(attrCancelReason.String(c.GetReason().String())))
@@ -465,8 +521,8 @@ func (t *instruments) observe(ctx context.Context, store Store) error {
 			}
 		case *retrydv1.Event_Closed:
 			if k.Closed.GetReason() == retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED && k.Closed.GetRetries() > 0 {
-				t.operations.Add(ctx, 1, t.addOptions(labelKey{instrument: "operations", outcome: "recovered",
-					provider: t.providerLabel(k.Closed.GetProvider())})...)
+				t.countOf(labelKey{instrument: "operations", outcome: "recovered",
+					provider: t.providerLabel(k.Closed.GetProvider())}).add()
 			}
 		}
 		return nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/server"
 	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/memory"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -68,21 +69,14 @@ func benchCases() []benchCase {
 	}
 }
 
-// deployedLimits are server.DefaultConfig's admission bounds (the service
-// package cannot import server).
-var deployedLimits = service.Limits{
-	PendingRetriesPerTenant: 20_000, PendingRetries: 50_000,
-	OpenChainsPerTenant: 40_000, OpenChains: 100_000, ActiveSessionsPerTenant: 20_000,
-	AwaitersPerRetry: 8, Awaiters: 20_000, Forget: 2 * (time.Hour + time.Minute),
-}
-
 func benchFailedStep(b *testing.B, bc benchCase, deployed bool) {
 	store := memory.New(memory.Config{})
 	defer store.Close()
 	opts := []service.Option{service.WithMeterProvider(
 		sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())))}
 	if deployed {
-		opts = append(opts, service.WithLimits(deployedLimits))
+		defaults := server.DefaultConfig()
+		opts = append(opts, service.WithLimits(defaults.Limits()))
 	}
 	svc, err := service.New(store, opts...)
 	if err != nil {

@@ -78,12 +78,10 @@ type instruments struct {
 	// dueSource, when the store is one, answers due times instead of dues.
 	dueSource DueSource
 	// counts holds the count of each attribute set of each counter the
-	// service has added to, in the order they were first added to:
-	// building and sorting a set per call costs more than the
-	// measurement. Bounded like the labels are.
-	counts map[labelKey]*count
-	order  []*count
-	found  sync.Map // labelKey → *count: counts, read without mu
+	// service has added to (labelKey → *count), made once per set and
+	// read without a lock: building and sorting a set per call costs more
+	// than the measurement. Bounded like the labels are.
+	counts sync.Map
 	// decided caches decisionOptions' answers (decisionKey →
 	// *decisionLabels), read without mu.
 	decided sync.Map
@@ -95,9 +93,9 @@ type instruments struct {
 // delegation's telemetry; an atomic add is a few nanoseconds, and the SDK
 // collects the same cumulative sums through the counters' callback.
 type count struct {
-	key labelKey
-	opt metric.ObserveOption // the attribute set
-	n   atomic.Int64
+	inst metric.Int64Observable // the counter
+	opt  metric.ObserveOption   // the attribute set
+	n    atomic.Int64
 }
 
 func (c *count) add() { c.n.Add(1) }
@@ -128,7 +126,6 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		backoffs:  make(map[string]trace.Span),
 		providers: make(map[string]struct{}),
 		dues:      make(map[string]time.Time),
-		counts:    make(map[labelKey]*count),
 	}
 	m := mp.Meter(instrumentationName)
 	var err error
@@ -188,13 +185,6 @@ func (t *instruments) providerLabel(p string) string {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.providerLabelLocked(p)
-}
-
-func (t *instruments) providerLabelLocked(p string) string {
-	if p == "" {
-		return "none"
-	}
 	if _, ok := t.providers[p]; ok {
 		return p
 	}
@@ -205,65 +195,49 @@ func (t *instruments) providerLabelLocked(p string) string {
 	return "other"
 }
 
-// countOf returns the count of k's attribute set, made once per set and
-// found again without a lock. The labels' values are bounded (the
-// provider by providerLabel, the others by enums), so the map is too.
+// countOf returns the count of k's attribute set, made once per set. The
+// labels' values are bounded (the provider by providerLabel, the others
+// by enums), so the map is too.
 func (t *instruments) countOf(k labelKey) *count {
-	if c, ok := t.found.Load(k); ok {
+	if c, ok := t.counts.Load(k); ok {
 		return c.(*count)
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	c := t.countOfLocked(k)
-	t.found.Store(k, c)
-	return c
-}
-
-func (t *instruments) countOfLocked(k labelKey) *count {
-	if c, ok := t.counts[k]; ok {
-		return c
-	}
+	c := &count{}
 	var kvs []attribute.KeyValue
 	switch k.instrument {
 	case "attempts":
+		c.inst = t.attempts
 		kvs = []attribute.KeyValue{attribute.String("provider", k.provider)}
 	case "decisions":
+		c.inst = t.decisions
 		kvs = []attribute.KeyValue{attribute.String("decision", k.decision),
 			attribute.String("reason", k.reason), attribute.String("provider", k.provider), attribute.String("mode", k.mode)}
-	case "operations":
-		kvs = []attribute.KeyValue{attribute.String("outcome", k.outcome), attribute.String("provider", k.provider)}
+	case "started":
+		c.inst = t.started
 	case "cancelled":
+		c.inst = t.cancelled
 		kvs = []attribute.KeyValue{attribute.String("reason", k.cancelling)}
+	case "operations":
+		c.inst = t.operations
+		kvs = []attribute.KeyValue{attribute.String("outcome", k.outcome), attribute.String("provider", k.provider)}
+	default:
+		panic("service: no counter " + k.instrument)
 	}
-	c := &count{key: k, opt: metric.WithAttributeSet(attribute.NewSet(kvs...))}
-	t.counts[k] = c
-	t.order = append(t.order, c)
-	return c
+	c.opt = metric.WithAttributeSet(attribute.NewSet(kvs...))
+	// Two first adds of one set may race here: both keep the count stored
+	// first.
+	stored, _ := t.counts.LoadOrStore(k, c)
+	return stored.(*count)
 }
 
 // observeCounts reports every count to its counter: the callback the SDK
 // calls when it collects.
 func (t *instruments) observeCounts(_ context.Context, o metric.Observer) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, c := range t.order {
-		var inst metric.Int64Observable
-		switch c.key.instrument {
-		case "attempts":
-			inst = t.attempts
-		case "decisions":
-			inst = t.decisions
-		case "started":
-			inst = t.started
-		case "cancelled":
-			inst = t.cancelled
-		case "operations":
-			inst = t.operations
-		default:
-			continue
-		}
-		o.ObserveInt64(inst, c.n.Load(), c.opt)
-	}
+	t.counts.Range(func(_, v any) bool {
+		c := v.(*count)
+		o.ObserveInt64(c.inst, c.n.Load(), c.opt)
+		return true
+	})
 	return nil
 }
 
@@ -287,11 +261,9 @@ func (t *instruments) decisionCounts(provider, decision, reason, mode string) (l
 		dl := l.(*decisionLabels)
 		return dl.provider, dl.attempts, dl.decisions
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	label = t.providerLabelLocked(provider)
-	attempts = t.countOfLocked(labelKey{instrument: "attempts", provider: label})
-	decisions = t.countOfLocked(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
+	label = t.providerLabel(provider)
+	attempts = t.countOf(labelKey{instrument: "attempts", provider: label})
+	decisions = t.countOf(labelKey{instrument: "decisions", decision: decision, reason: reason, provider: label, mode: mode})
 	if label == provider || provider == "" {
 		t.decided.Store(k, &decisionLabels{provider: label, attempts: attempts, decisions: decisions})
 	}

@@ -46,19 +46,19 @@ const maxKnown = 1 << 15
 // keptSession is, for a session key, the session whose snapshot raw is:
 // sess is the engine.Session this replica's last commit of the key wrote
 // raw from, so that the next group on the session decides on it instead
-// of unmarshalling and restoring raw again (recall). It is set only by a successful commit
-// that wrote the snapshot from it, or that decided on it and did not mark
-// it changed (commit.keep; a transition that changed it unmarked would
-// not be written at all), never for a value learned or read (a failed
-// check's answer, refresh), and it travels with raw: a value
-// replaced for any reason (a conflict, an unknown outcome, forget,
+// of unmarshalling and restoring raw again (recall). It is set only by a
+// successful commit that wrote the snapshot from it, or that decided on
+// it and did not mark it changed (commit.keep; a transition that changed
+// it unmarked would not be written at all), never for a value learned or
+// read (a failed check's answer, refresh), and it travels with raw: a
+// value replaced for any reason (a conflict, an unknown outcome, forget,
 // eviction, an absent key) drops it. It belongs to one group at a time:
-// recall takes it out (take), and only that group's successful commit puts
-// a session back, so one that a failed or conflicted attempt mutated is
-// never used again.
+// recall takes it out (take), and only that group's successful commit
+// puts a session back, so one that a failed or conflicted attempt mutated
+// is never used again.
 //
-// Its indexed travels with sess: until when the retry index key of each of
-// sess's retained retries lives, as this replica last wrote it (see
+// Its indexed travels with sess: until when the retry index key of each
+// of sess's retained retries lives, as this replica last wrote it (see
 // indexRetries).
 type knownValue struct {
 	raw    string

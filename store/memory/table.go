@@ -4,14 +4,20 @@ import "hash/maphash"
 
 // table is a hash set of *T, found by a string each element carries (a
 // session's or a retry's id): open addressing with linear probing, one
-// pointer and one tag byte per slot.
+// pointer and 32 bits of the element's hash per slot.
 //
 // It replaces map[string]*T for the store's two big indexes, sessions by id
 // and retries by id, which hold an entry per pending chain: a Go map keeps
 // a copy of the key's string header beside each pointer and grows to twice
 // its size, about 50 bytes an entry at a million entries; this keeps the
-// key only in the element and costs about 14 bytes an entry (9 bytes per
+// key only in the element and costs about 19 bytes an entry (12 bytes per
 // slot, at most three quarters of the slots used).
+//
+// The slot's hash bits are what make removal cheap: removing an element
+// moves the later elements of its probe run back, and each move needs the
+// element's home slot. Read from the slot, that costs nothing; computed
+// again, it cost a read of the element (a cache miss in a big index) and a
+// hash of its id for every element of the run (BenchmarkTableChurn).
 //
 // Hashes are maphash.String of the id with the store's seed. A table is
 // not safe for concurrent use: its shard's lock guards it. It grows (and
@@ -20,13 +26,14 @@ import "hash/maphash"
 // shard's table holds about 16 000, which rehash in about a millisecond,
 // once per doubling.
 type table[T any] struct {
-	// tags[i] is 0 for an empty slot, else 0x80 | 7 bits of the element's
-	// hash, so that most probes that miss never read the element.
-	tags  []uint8
-	slots []*T
-	n     int
-	key   func(*T) string
-	seed  maphash.Seed
+	// hashes[i] is 0 for an empty slot, else the element's slotHash: its
+	// low bits are the element's home, and a probe that misses reads the
+	// element only when all 31 bits match.
+	hashes []uint32
+	slots  []*T
+	n      int
+	key    func(*T) string
+	seed   maphash.Seed
 }
 
 func newTable[T any](seed maphash.Seed, key func(*T) string) table[T] {
@@ -34,12 +41,15 @@ func newTable[T any](seed maphash.Seed, key func(*T) string) table[T] {
 }
 
 // The hash's low bits pick the shard (modulo shardCount, a power of two),
-// so a slot is chosen by the bits above them and the tag by the top bits.
+// so a slot is chosen by the bits above them.
 const tableShift = 6
 
-func tagOf(h uint64) uint8 { return uint8(h>>57) | 0x80 }
+// slotHash is what a slot keeps of hash h: 31 bits above the shard's, and
+// the top bit set so that no element's is 0. A table has fewer than 2^31
+// slots, so the low bits give the home slot.
+func slotHash(h uint64) uint32 { return uint32(h>>tableShift) | 1<<31 }
 
-func (t *table[T]) home(h uint64) uint64 { return (h >> tableShift) & uint64(len(t.slots)-1) }
+func (t *table[T]) home(sh uint32) int { return int(sh) & (len(t.slots) - 1) }
 
 // Len reports how many elements the table holds.
 func (t *table[T]) Len() int { return t.n }
@@ -49,12 +59,12 @@ func (t *table[T]) get(h uint64, id string) *T {
 	if t.n == 0 {
 		return nil
 	}
-	mask, tag := uint64(len(t.slots)-1), tagOf(h)
-	for i := t.home(h); ; i = (i + 1) & mask {
-		switch t.tags[i] {
+	mask, sh := len(t.slots)-1, slotHash(h)
+	for i := t.home(sh); ; i = (i + 1) & mask {
+		switch t.hashes[i] {
 		case 0:
 			return nil
-		case tag:
+		case sh:
 			if e := t.slots[i]; t.key(e) == id {
 				return e
 			}
@@ -68,14 +78,14 @@ func (t *table[T]) put(h uint64, e *T) {
 		t.resize(max(16, 2*len(t.slots)))
 	}
 	id := t.key(e)
-	mask, tag := uint64(len(t.slots)-1), tagOf(h)
-	for i := t.home(h); ; i = (i + 1) & mask {
-		switch t.tags[i] {
+	mask, sh := len(t.slots)-1, slotHash(h)
+	for i := t.home(sh); ; i = (i + 1) & mask {
+		switch t.hashes[i] {
 		case 0:
-			t.tags[i], t.slots[i] = tag, e
+			t.hashes[i], t.slots[i] = sh, e
 			t.n++
 			return
-		case tag:
+		case sh:
 			if t.key(t.slots[i]) == id {
 				t.slots[i] = e
 				return
@@ -91,26 +101,26 @@ func (t *table[T]) remove(h uint64, id string) {
 	if t.n == 0 {
 		return
 	}
-	mask, tag := uint64(len(t.slots)-1), tagOf(h)
-	i := t.home(h)
+	mask, sh := len(t.slots)-1, slotHash(h)
+	i := t.home(sh)
 	for ; ; i = (i + 1) & mask {
-		if t.tags[i] == 0 {
+		if t.hashes[i] == 0 {
 			return
 		}
-		if t.tags[i] == tag && t.key(t.slots[i]) == id {
+		if t.hashes[i] == sh && t.key(t.slots[i]) == id {
 			break
 		}
 	}
 	// Backward shift: move each later element of the run into the hole
 	// unless its home lies cyclically after the hole.
-	for j := (i + 1) & mask; t.tags[j] != 0; j = (j + 1) & mask {
-		k := t.home(maphash.String(t.seed, t.key(t.slots[j])))
+	for j := (i + 1) & mask; t.hashes[j] != 0; j = (j + 1) & mask {
+		k := t.home(t.hashes[j])
 		if (j > i && (k <= i || k > j)) || (j < i && k <= i && k > j) {
-			t.tags[i], t.slots[i] = t.tags[j], t.slots[j]
+			t.hashes[i], t.slots[i] = t.hashes[j], t.slots[j]
 			i = j
 		}
 	}
-	t.tags[i], t.slots[i] = 0, nil
+	t.hashes[i], t.slots[i] = 0, nil
 	t.n--
 	if len(t.slots) > 16 && t.n*8 < len(t.slots) {
 		t.resize(len(t.slots) / 2)
@@ -118,23 +128,23 @@ func (t *table[T]) remove(h uint64, id string) {
 }
 
 func (t *table[T]) resize(size int) {
-	old, oldTags := t.slots, t.tags
-	t.slots, t.tags, t.n = make([]*T, size), make([]uint8, size), 0
+	old, oldHashes := t.slots, t.hashes
+	t.slots, t.hashes, t.n = make([]*T, size), make([]uint32, size), 0
 	for i, e := range old {
-		if oldTags[i] != 0 {
-			t.insertNew(maphash.String(t.seed, t.key(e)), oldTags[i], e)
+		if oldHashes[i] != 0 {
+			t.insertNew(oldHashes[i], e)
 		}
 	}
 }
 
 // insertNew adds an element known to be absent, without growing.
-func (t *table[T]) insertNew(h uint64, tag uint8, e *T) {
-	mask := uint64(len(t.slots) - 1)
-	i := t.home(h)
-	for t.tags[i] != 0 {
+func (t *table[T]) insertNew(sh uint32, e *T) {
+	mask := len(t.slots) - 1
+	i := t.home(sh)
+	for t.hashes[i] != 0 {
 		i = (i + 1) & mask
 	}
-	t.tags[i], t.slots[i] = tag, e
+	t.hashes[i], t.slots[i] = sh, e
 	t.n++
 }
 
@@ -142,7 +152,7 @@ func (t *table[T]) insertNew(h uint64, tag uint8, e *T) {
 // the table.
 func (t *table[T]) all(f func(*T) bool) {
 	for i, e := range t.slots {
-		if t.tags[i] != 0 && !f(e) {
+		if t.hashes[i] != 0 && !f(e) {
 			return
 		}
 	}

@@ -1,8 +1,9 @@
 package memory
 
 import (
+	"crypto/rand"
 	"hash/maphash"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"strconv"
 	"testing"
 )
@@ -16,7 +17,7 @@ func TestTableMatchesMap(t *testing.T) {
 	seed := maphash.MakeSeed()
 	tab := newTable(seed, func(it *tableItem) string { return it.id })
 	want := map[string]*tableItem{}
-	rng := rand.New(rand.NewPCG(3, 4))
+	rng := mrand.New(mrand.NewPCG(3, 4))
 	hash := func(id string) uint64 { return maphash.String(seed, id) }
 	for i := range 200_000 {
 		id := strconv.Itoa(rng.IntN(5_000))
@@ -55,5 +56,37 @@ func TestTableMatchesMap(t *testing.T) {
 		if tab.get(hash(id), id) != it {
 			t.Errorf("get(%s) lost", id)
 		}
+	}
+}
+
+// BenchmarkTableChurn measures a table of retry-like entries under the
+// retry index's use: an op removes the oldest entry and puts a new one,
+// so the table stays at its size. Entries are separate objects the size of
+// a retry, so a probe that reads one misses the cache as the index does.
+func BenchmarkTableChurn(b *testing.B) {
+	type entry struct {
+		id  string
+		pad [160]byte
+	}
+	for _, size := range []int{256, 16_384, 262_144} {
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			seed := maphash.MakeSeed()
+			tab := newTable(seed, func(e *entry) string { return e.id })
+			ring := make([]*entry, size)
+			hash := func(id string) uint64 { return maphash.String(seed, id) }
+			fresh := func() *entry { return &entry{id: rand.Text()} }
+			for i := range ring {
+				ring[i] = fresh()
+				tab.put(hash(ring[i].id), ring[i])
+			}
+			i := 0
+			for b.Loop() {
+				old := ring[i]
+				tab.remove(hash(old.id), old.id)
+				ring[i] = fresh()
+				tab.put(hash(ring[i].id), ring[i])
+				i = (i + 1) % size
+			}
+		})
 	}
 }

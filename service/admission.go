@@ -1,12 +1,10 @@
 package service
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -193,30 +191,10 @@ type reservation struct {
 	need    counts
 	seq     uint64    // the Scheduled event's sequence, once decided
 	until   time.Time // released then at the latest
-	index   int       // in the waiting heap
-}
-
-// waitingHeap orders reservations by the sequence the log must reach.
-type waitingHeap []*reservation
-
-func (h waitingHeap) Len() int           { return len(h) }
-func (h waitingHeap) Less(i, j int) bool { return h[i].seq < h[j].seq }
-func (h waitingHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index, h[j].index = i, j
-}
-func (h *waitingHeap) Push(x any) {
-	r := x.(*reservation)
-	r.index = len(*h)
-	*h = append(*h, r)
-}
-func (h *waitingHeap) Pop() any {
-	old := *h
-	r := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	r.index = -1
-	return r
+	// next is the session's next reservation ahead of the log. A session
+	// almost never has two (admit lets a second through only while the
+	// first is undecided), so a list costs no allocation of its own.
+	next *reservation
 }
 
 // admission enforces Limits. A nil *admission admits everything.
@@ -237,14 +215,14 @@ type admission struct {
 	logged   counts // every tenant's
 	reserved counts
 	sessions map[string]*trackedSession // stored session id → active session
-	// ahead maps a session to the reservations of retries this replica
-	// scheduled there that the log has not shown yet: for the log's
-	// view, the session has a pending retry. A reservation ends when the
-	// log shows an event of its session at or after its sequence — not
-	// just any later sequence: a store of several partitions may show a
-	// partition's event late, after later ones of other partitions.
-	ahead     map[string][]*reservation
-	waiting   waitingHeap // every decided reservation, for the timeout
+	// ahead maps a session to the reservations (a list through next) of
+	// retries this replica scheduled there that the log has not shown
+	// yet: for the log's view, the session has a pending retry. A
+	// reservation ends when the log shows an event of its session at or
+	// after its sequence — not just any later sequence: a store of
+	// several partitions may show a partition's event late, after later
+	// ones of other partitions — or at its timeout (sweep).
+	ahead     map[string]*reservation
 	nextSweep time.Time
 }
 
@@ -259,7 +237,7 @@ func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.Me
 		awaiting: make(map[string]int),
 		tenants:  make(map[string]*tenantCounts),
 		sessions: make(map[string]*trackedSession),
-		ahead:    make(map[string][]*reservation),
+		ahead:    make(map[string]*reservation),
 	}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
@@ -376,7 +354,7 @@ func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error)
 	defer a.mu.Unlock()
 	a.sweep(now)
 	ss := a.sessions[sid]
-	if (ss != nil && ss.pending != "") || len(a.ahead[sid]) > 0 {
+	if (ss != nil && ss.pending != "") || a.ahead[sid] != nil {
 		return nil, nil // a pending retry: refused RETRY_PENDING, or repeated
 	}
 	need := counts{pending: 1}
@@ -401,7 +379,7 @@ func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error)
 		return nil, a.refusal(b, limit, "tenant:"+tenantID, map[string]string{"tenant": tenantID})
 	}
 	a.tenants[tenantID] = t
-	r := &reservation{session: sid, tenant: t, need: need, index: -1}
+	r := &reservation{session: sid, tenant: t, need: need}
 	t.reserved.add(need, 1)
 	a.reserved.add(need, 1)
 	return r, nil
@@ -491,19 +469,40 @@ func (a *admission) decided(r *reservation, out engine.FailOutcome, err error) {
 		return
 	}
 	r.seq, r.until = seq, a.now().Add(reservationTimeout)
-	heap.Push(&a.waiting, r)
-	a.ahead[r.session] = append(a.ahead[r.session], r)
+	r.next = a.ahead[r.session]
+	a.ahead[r.session] = r
 }
 
+// release gives back what r reserved. r is in no list of ahead.
 func (a *admission) release(r *reservation) {
 	r.tenant.reserved.add(r.need, -1)
 	a.reserved.add(r.need, -1)
-	if rs := slices.DeleteFunc(a.ahead[r.session], func(x *reservation) bool { return x == r }); len(rs) > 0 {
-		a.ahead[r.session] = rs
-	} else {
-		delete(a.ahead, r.session)
-	}
 	a.forgetIdle(r.tenant)
+}
+
+// releaseAhead releases the reservations of session id ahead of the log
+// that ended reports true for.
+func (a *admission) releaseAhead(id string, ended func(*reservation) bool) {
+	head := a.ahead[id]
+	if head == nil {
+		return
+	}
+	var kept *reservation
+	for r := head; r != nil; {
+		next := r.next
+		if ended(r) {
+			r.next = nil
+			a.release(r)
+		} else {
+			r.next, kept = kept, r
+		}
+		r = next
+	}
+	if kept == nil {
+		delete(a.ahead, id)
+	} else if kept != head {
+		a.ahead[id] = kept
+	}
 }
 
 // forgetIdle drops a tenant that holds and reserves nothing.
@@ -521,12 +520,7 @@ func (a *admission) observe(ev *retrydv1.Event) {
 	if ss := a.apply(ev); ss != nil {
 		ss.seq = max(ss.seq, seq)
 	}
-	for _, r := range slices.Clone(a.ahead[id]) {
-		if r.seq <= seq {
-			heap.Remove(&a.waiting, r.index)
-			a.release(r)
-		}
-	}
+	a.releaseAhead(id, func(r *reservation) bool { return r.seq <= seq })
 }
 
 // apply changes the counts by one event. It returns the session as the
@@ -634,13 +628,8 @@ func (a *admission) sweep(now time.Time) {
 		return
 	}
 	a.nextSweep = now.Add(a.sweepInterval())
-	for i := 0; i < len(a.waiting); {
-		if r := a.waiting[i]; now.After(r.until) {
-			heap.Remove(&a.waiting, i)
-			a.release(r)
-			continue
-		}
-		i++
+	for id := range a.ahead {
+		a.releaseAhead(id, func(r *reservation) bool { return now.After(r.until) })
 	}
 	forget := a.limits.Forget
 	if forget <= 0 {

@@ -160,8 +160,8 @@ func TestAdmissionReservations(t *testing.T) {
 	ev := log.scheduled("s1", "p", "k", "r1", 1, 1, 1)
 	a.decided(r1, scheduledOutcome(ev), nil)
 	refused("while the log lags", testFailure(t, "s2", 1, 1, "SERVER", p))
-	if a.reserved.pending != 1 || len(a.waiting) != 1 {
-		t.Fatalf("reserved %+v, %d waiting; want the reservation held", a.reserved, len(a.waiting))
+	if a.reserved.pending != 1 || a.ahead["s1"] != r1 || r1.next != nil || len(a.ahead) != 1 {
+		t.Fatalf("reserved %+v, ahead %v; want s1's reservation held", a.reserved, a.ahead)
 	}
 	a.observe(ev)
 	if a.reserved != (counts{}) || a.logged != (counts{1, 1, 1}) {
@@ -213,6 +213,48 @@ func TestAdmissionReservations(t *testing.T) {
 	clock.t = clock.t.Add(reservationTimeout + time.Second)
 	if r, err := a.admit(testFailure(t, "s5", 1, 1, "SERVER", p), clock.now()); err != nil || r == nil {
 		t.Errorf("after the reservation timed out: %v %v", r, err)
+	}
+}
+
+// TestAdmissionReservationsOfOneSession: two reports of one session
+// admitted before either was decided each hold a reservation, and each
+// ends on its own: at its own sequence, or at its timeout.
+func TestAdmissionReservationsOfOneSession(t *testing.T) {
+	t.Parallel()
+	a, clock := newTestAdmission(t, Limits{PendingRetriesPerTenant: 3})
+	log := &eventLog{clock: clock}
+	p := &retrydv1.RetryPolicy{}
+	r1, err1 := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
+	r2, err2 := a.admit(testFailure(t, "s1", 1, 2, "SERVER", p), clock.now())
+	r3, err3 := a.admit(testFailure(t, "s1", 1, 3, "SERVER", p), clock.now())
+	if r1 == nil || r2 == nil || r3 == nil || err1 != nil || err2 != nil || err3 != nil {
+		t.Fatalf("admissions: %v %v %v, %v %v %v", r1, r2, r3, err1, err2, err3)
+	}
+	ev1 := log.scheduled("s1", "p", "k", "r1", 1, 1, 1)
+	ev2 := log.cancelled("s1", "r1")
+	ev3 := log.scheduled("s1", "p", "k", "r3", 1, 3, 2)
+	a.decided(r1, scheduledOutcome(ev1), nil)
+	a.decided(r3, scheduledOutcome(ev3), nil)
+	a.decided(r2, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil) // never shown
+	if a.reserved.pending != 3 {
+		t.Fatalf("decided, nothing shown: reserved %+v, want 3 pending", a.reserved)
+	}
+	a.observe(ev1)
+	a.observe(ev2)
+	if a.reserved.pending != 2 {
+		t.Errorf("after r1's event: reserved %+v, want r2's and r3's held", a.reserved)
+	}
+	if _, err := a.admit(testFailure(t, "s1", 1, 4, "SERVER", p), clock.now()); err != nil {
+		t.Errorf("while s1 has reservations ahead: %v, want no refusal (the store answers)", err)
+	}
+	a.observe(ev3)
+	if a.reserved.pending != 1 || a.ahead["s1"] != r2 || r2.next != nil {
+		t.Errorf("after r3's event: reserved %+v, ahead %v; want r2's alone held", a.reserved, a.ahead)
+	}
+	clock.t = clock.t.Add(reservationTimeout + time.Second)
+	a.sweep(clock.t)
+	if a.reserved != (counts{}) || len(a.ahead) != 0 {
+		t.Errorf("after the timeout: reserved %+v, ahead %v; want nothing", a.reserved, a.ahead)
 	}
 }
 

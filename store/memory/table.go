@@ -19,11 +19,13 @@ import "hash/maphash"
 // again, it cost a read of the element (a cache miss in a big index) and a
 // hash of its id for every element of the run (BenchmarkTableChurn).
 //
-// Hashes are maphash.String of the id with the store's seed. A table is
-// not safe for concurrent use: its shard's lock guards it. It grows (and
-// shrinks) all at once, rehashing every element under that lock, where a
-// Go map grows a part at a time: with a million sessions over 64 shards a
-// shard's table holds about 16 000, which rehash in about a millisecond,
+// Callers pass each id's hash: maphash.String of the id with seed, the
+// store's seed, which the table carries for them (it never hashes an id
+// itself). A table is not safe for concurrent use: its shard's lock
+// guards it. It grows (and shrinks) all at once, moving every element to
+// its new slot under that lock (by the slots' hash bits, without reading
+// the elements), where a Go map grows a part at a time: with a million
+// sessions over 64 shards a shard's table holds about 16 000, all moved
 // once per doubling.
 type table[T any] struct {
 	// hashes[i] is 0 for an empty slot, else the element's slotHash: its

@@ -216,9 +216,9 @@ func TestAdmissionReservations(t *testing.T) {
 	}
 }
 
-// TestAdmissionReservationsOfOneSession: two reports of one session
-// admitted before either was decided each hold a reservation, and each
-// ends on its own: at its own sequence, or at its timeout.
+// TestAdmissionReservationsOfOneSession: reports of one session admitted
+// before any was decided each hold a reservation, and each ends on its
+// own: at its own sequence, or at its timeout.
 func TestAdmissionReservationsOfOneSession(t *testing.T) {
 	t.Parallel()
 	a, clock := newTestAdmission(t, Limits{PendingRetriesPerTenant: 3})

@@ -60,9 +60,14 @@ const maxKnown = 1 << 15
 // Its indexed travels with sess: until when the retry index key of each
 // of sess's retained retries lives, as this replica last wrote it (see
 // indexRetries).
+//
+// revision is raw's revision suffix when this replica's own commit wrote
+// raw (see checkLarge), else "": it travels with raw like keptSession, but
+// stays when a group takes the session, as raw does.
 type knownValue struct {
-	raw    string
-	fields map[string]string
+	raw      string
+	fields   map[string]string
+	revision string
 	keptSession
 }
 
@@ -82,7 +87,7 @@ func (k *known) take(key string) knownValue {
 	defer k.mu.Unlock()
 	v := k.values[key]
 	if v.sess != nil {
-		k.values[key] = knownValue{raw: v.raw, fields: v.fields}
+		k.values[key] = knownValue{raw: v.raw, fields: v.fields, revision: v.revision}
 	}
 	return v
 }

@@ -631,7 +631,7 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 	for i, id := range ids {
 		v := s.known.take(s.keys.sessionKey(id))
 		fields := s.known.get(s.keys.awaitersKey(id)).fields
-		c.checkLarge(s.keys.sessionKey(id), v.raw)
+		c.checkLarge(s.keys.sessionKey(id), v.raw, v.revision)
 		c.checkHash(s.keys.awaitersKey(id), fields)
 		if v.sess != nil && !s.decodeAlways {
 			out[i] = reuseSession(v.keptSession, fields, now)
@@ -776,7 +776,9 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 		var snap []byte
 		if t.save && t.sess != nil {
 			var err error
-			if snap, err = t.sess.Snapshot().MarshalVT(); err != nil { // protobuf-go's bytes (see server/codec.go), faster
+			ss := t.sess.Snapshot()
+			ss.Revision = newRevision()
+			if snap, err = ss.MarshalVT(); err != nil { // protobuf-go's bytes (see server/codec.go), faster
 				return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 			}
 		}
@@ -861,7 +863,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 	}
 	if snap != nil {
 		ttl = s.keyTTL(t.sess, t.env.Now)
-		pl.Set(ctx, s.keys.sessionKey(id), snap, ttl)
+		pl.setSnapshot(ctx, s.keys.sessionKey(id), snap, ttl)
 		s.indexRetries(ctx, pl, p, t, ttl)
 		if len(t.expired) > 0 {
 			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)

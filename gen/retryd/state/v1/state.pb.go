@@ -59,7 +59,13 @@ type Session struct {
 	CancelledDelegation *Position `protobuf:"bytes,8,opt,name=cancelled_delegation,json=cancelledDelegation,proto3" json:"cancelled_delegation,omitempty"`
 	// The retries the session keeps for AwaitRetry and CancelRetries, oldest
 	// first; the pending one is always among them.
-	Retries       []*Retry `protobuf:"bytes,9,rep,name=retries,proto3" json:"retries,omitempty"`
+	Retries []*Retry `protobuf:"bytes,9,rep,name=retries,proto3" json:"retries,omitempty"`
+	// A random token the writer chose for this snapshot, written last so
+	// that it ends the encoded snapshot: a replica of the Redis store checks
+	// that a session key still holds the snapshot it wrote by these bytes
+	// alone, not by a hash of the whole value. Empty in a snapshot written
+	// before it existed. Nothing else reads it.
+	Revision      []byte `protobuf:"bytes,15,opt,name=revision,proto3" json:"revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -153,6 +159,13 @@ func (x *Session) GetCancelledDelegation() *Position {
 func (x *Session) GetRetries() []*Retry {
 	if x != nil {
 		return x.Retries
+	}
+	return nil
+}
+
+func (x *Session) GetRevision() []byte {
+	if x != nil {
+		return x.Revision
 	}
 	return nil
 }
@@ -541,7 +554,7 @@ var File_retryd_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_retryd_state_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1bretryd/state/v1/state.proto\x12\x0fretryd.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16retryd/v1/events.proto\x1a\x16retryd/v1/policy.proto\x1a\x1dretryd/v1/retry_service.proto\"\xd3\x03\n" +
+	"\x1bretryd/state/v1/state.proto\x12\x0fretryd.state.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16retryd/v1/events.proto\x1a\x16retryd/v1/policy.proto\x1a\x1dretryd/v1/retry_service.proto\"\xef\x03\n" +
 	"\aSession\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
@@ -554,7 +567,8 @@ const file_retryd_state_v1_state_proto_rawDesc = "" +
 	"delegation\x18\a \x01(\v2\x19.retryd.state.v1.PositionR\n" +
 	"delegation\x12L\n" +
 	"\x14cancelled_delegation\x18\b \x01(\v2\x19.retryd.state.v1.PositionR\x13cancelledDelegation\x120\n" +
-	"\aretries\x18\t \x03(\v2\x16.retryd.state.v1.RetryR\aretries\"2\n" +
+	"\aretries\x18\t \x03(\v2\x16.retryd.state.v1.RetryR\aretries\x12\x1a\n" +
+	"\brevision\x18\x0f \x01(\fR\brevision\"2\n" +
 	"\bPosition\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x04R\x04turn\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\x04R\x04step\"\x96\x01\n" +

@@ -205,13 +205,16 @@ func (c *commit) write(name, key string, args ...any) {
 
 func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
-// Set is SET key value [PX ttl].
+// Set is SET key value [PX ttl]. A []byte value is the commit's from then
+// on: the caller must not change it, as what the replica knows of a
+// checked key shares its bytes (a snapshot is kilobytes, copied for
+// nothing on every decision before).
 func (c *commit) Set(_ context.Context, key string, value any, ttl time.Duration) {
 	if v := c.after[key]; v != nil {
 		v.revision = "" // the value's, if any: see setSnapshot
 		switch x := value.(type) {
 		case []byte:
-			v.raw = string(x)
+			v.raw = unsafe.String(unsafe.SliceData(x), len(x))
 		case string:
 			v.raw = x
 		default:

@@ -19,6 +19,18 @@ import (
 // so marshal it before the session changes again. Connected awaiters and Done
 // channels are runtime state and are not part of it.
 func (s *Session) Snapshot() *statev1.Session {
+	out := s.SnapshotWithoutRetries()
+	for _, r := range s.retries {
+		out.Retries = append(out.Retries, r.Snapshot())
+	}
+	return out
+}
+
+// SnapshotWithoutRetries is Snapshot with Retries left empty, for a store
+// that encodes each retained retry itself (Retries, Retry.Snapshot), in
+// order, after the rest: retries is the highest-numbered field but
+// revision, so those bytes are the whole Snapshot's.
+func (s *Session) SnapshotWithoutRetries() *statev1.Session {
 	out := &statev1.Session{Id: s.ID, UpdatedAt: timestamp(s.Updated())}
 	if s.seen {
 		out.Latest = &statev1.Position{Turn: s.latest.turn, Step: s.latest.step}
@@ -32,7 +44,6 @@ func (s *Session) Snapshot() *statev1.Session {
 	retained := make(map[*Retry]bool, len(s.retries))
 	for _, r := range s.retries {
 		retained[r] = true
-		out.Retries = append(out.Retries, retryState(r))
 	}
 	for _, c := range s.sortedChains() {
 		pc := &statev1.Chain{
@@ -49,7 +60,7 @@ func (s *Session) Snapshot() *statev1.Session {
 		if c.Latest != nil {
 			pc.LatestRetryId = c.Latest.ID
 			if !retained[c.Latest] {
-				pc.LatestUnretained = retryState(c.Latest)
+				pc.LatestUnretained = c.Latest.Snapshot()
 			}
 		}
 		out.Chains = append(out.Chains, pc)
@@ -66,7 +77,9 @@ func (s *Session) Snapshot() *statev1.Session {
 	return out
 }
 
-func retryState(r *Retry) *statev1.Retry {
+// Snapshot returns the retry in the storage schema, as Snapshot writes each
+// retained one. A terminal retry's state never changes again.
+func (r *Retry) Snapshot() *statev1.Retry {
 	return &statev1.Retry{
 		Chain:     &statev1.ChainKey{Provider: r.chain.Key.Provider, PolicyKey: r.chain.Key.PolicyKey},
 		Status:    r.Status,

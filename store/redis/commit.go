@@ -120,9 +120,13 @@ type commit struct {
 
 // keptSession is a session a replica keeps with what it knows of its key
 // (see keep and knownValue).
+//
+// snap is the snapshot this replica wrote from sess (the key's raw value),
+// which indexed's spans point into; "" when sess was decoded.
 type keptSession struct {
 	sess    *engine.Session
 	indexed []indexedRetry
+	snap    string
 }
 
 // check is one of a commit's checks: its kind and key.

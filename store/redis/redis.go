@@ -74,6 +74,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
@@ -81,7 +82,9 @@ import (
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 var _ service.Store = (*Store)(nil)
@@ -774,18 +777,18 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 	var pop population
 	for _, t := range txns {
 		var snap []byte
+		var spans []retrySpan
 		if t.save && t.sess != nil {
 			var err error
-			ss := t.sess.Snapshot()
-			ss.Revision = newRevision()
-			if snap, err = ss.MarshalVT(); err != nil { // protobuf-go's bytes (see server/codec.go), faster
+			if snap, spans, err = encodeSession(t.sess, t.keptSession); err != nil {
 				return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
 			}
 		}
-		if err := s.write(ctx, c, p, t, snap); err != nil {
+		if err := s.write(ctx, c, p, t, snap, spans); err != nil {
 			return err
 		}
 		if snap != nil {
+			t.snap = unsafe.String(unsafe.SliceData(snap), len(snap)) // see commit.Set
 			c.keep(s.keys.sessionKey(t.id), t.keptSession)
 		}
 		pop = pop.add(t.delta())
@@ -809,10 +812,93 @@ func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
 }
 
 // indexedRetry is until when a retained retry's index key lives, in
-// Unix milliseconds of the replica's clock, as the replica last wrote it.
+// Unix milliseconds of the replica's clock, as the replica last wrote it,
+// and where the retry's encoding is in the snapshot written then (see
+// encodeSession).
 type indexedRetry struct {
 	id    string
 	until int64
+	retrySpan
+}
+
+// retrySpan is where a terminal retry's encoding (statev1.Retry) is in a
+// snapshot the replica wrote; n is 0 for a pending retry, whose state
+// will still change.
+type retrySpan struct{ off, n int32 }
+
+// Field numbers of statev1.Session that encodeSession writes itself.
+var (
+	retriesField  = fieldNumber("retries")
+	revisionField = fieldNumber("revision")
+)
+
+func fieldNumber(name protoreflect.Name) protowire.Number {
+	return (&statev1.Session{}).ProtoReflect().Descriptor().Fields().ByName(name).Number()
+}
+
+// encodeSession returns sess's snapshot, encoded and ending with a fresh
+// revision (see checkLarge), and where each retained retry's encoding is
+// in it, in sess.Retries' order. The bytes are those of Snapshot with
+// that revision. A terminal retry never changes, so its encoding is
+// copied from the snapshot prev was written to when prev says where it
+// is there, instead of being built and encoded again: on a long session
+// the retained retries (up to engine.MaxRetainedRetries) are most of the
+// snapshot, and encoding them all was most of the cost of a write.
+func encodeSession(sess *engine.Session, prev keptSession) ([]byte, []retrySpan, error) {
+	skeleton := sess.SnapshotWithoutRetries()
+	retries := sess.Retries()
+	// Each retry is the bytes of its encoding in prev.snap, or a message
+	// to encode, of size n.
+	type part struct {
+		copied string
+		msg    *statev1.Retry
+		n      int
+	}
+	parts := make([]part, len(retries))
+	size := skeleton.SizeVT() + protowire.SizeTag(revisionField) + protowire.SizeBytes(revisionLen)
+	for i, r := range retries {
+		if sp, ok := prev.span(r.ID); ok {
+			parts[i] = part{copied: prev.snap[sp.off : sp.off+sp.n], n: int(sp.n)}
+		} else {
+			msg := r.Snapshot()
+			parts[i] = part{msg: msg, n: msg.SizeVT()}
+		}
+		size += protowire.SizeTag(retriesField) + protowire.SizeBytes(parts[i].n)
+	}
+	b := make([]byte, skeleton.SizeVT(), size)
+	if _, err := skeleton.MarshalToSizedBufferVT(b); err != nil {
+		return nil, nil, err
+	}
+	spans := make([]retrySpan, len(retries))
+	for i, r := range retries {
+		b = protowire.AppendTag(b, retriesField, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(parts[i].n))
+		at := len(b)
+		if parts[i].msg == nil {
+			b = append(b, parts[i].copied...)
+		} else {
+			b = b[:at+parts[i].n]
+			if _, err := parts[i].msg.MarshalToSizedBufferVT(b[at:]); err != nil {
+				return nil, nil, err
+			}
+		}
+		if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+			spans[i] = retrySpan{int32(at), int32(parts[i].n)}
+		}
+	}
+	b = protowire.AppendTag(b, revisionField, protowire.BytesType)
+	b = protowire.AppendBytes(b, newRevision())
+	return b, spans, nil
+}
+
+// span returns where retry id's encoding is in k.snap, if k recorded it.
+func (k keptSession) span(id string) (retrySpan, bool) {
+	for _, x := range k.indexed {
+		if x.id == id {
+			return x.retrySpan, x.n > 0 && k.snap != ""
+		}
+	}
+	return retrySpan{}, false
 }
 
 // indexRetries adds to a commit the writes that keep each retained
@@ -831,7 +917,10 @@ type indexedRetry struct {
 // outliving its session is harmless: lookups read the session, and
 // forgetting a session deletes its retries' keys (forget); the TTL only
 // bounds Redis' memory when no replica runs.
-func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl time.Duration) {
+//
+// spans are where each retry's encoding is in the snapshot written, which
+// the new expiries keep with them (see encodeSession).
+func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl time.Duration, spans []retrySpan) {
 	now := t.env.Now.UnixMilli()
 	need := now + ms(ttl)      // the session key's expiry
 	lead := ms(s.cfg.ChainTTL) // how much longer an index key lives
@@ -849,13 +938,14 @@ func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl
 			until = need + lead
 			pl.Set(ctx, s.keys.retryKey(p, r.ID), t.id, time.Duration(until-now)*time.Millisecond)
 		}
-		indexed[i] = indexedRetry{r.ID, until}
+		indexed[i] = indexedRetry{r.ID, until, spans[i]}
 	}
 	t.indexed = indexed
 }
 
-// write adds one session's changes to a commit.
-func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte) error {
+// write adds one session's changes to a commit; spans are where snap
+// holds each retained retry (see encodeSession).
+func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte, spans []retrySpan) error {
 	id := t.id
 	ttl := s.cfg.ChainTTL + ttlMargin
 	if t.gone != nil {
@@ -864,7 +954,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 	if snap != nil {
 		ttl = s.keyTTL(t.sess, t.env.Now)
 		pl.setSnapshot(ctx, s.keys.sessionKey(id), snap, ttl)
-		s.indexRetries(ctx, pl, p, t, ttl)
+		s.indexRetries(ctx, pl, p, t, ttl, spans)
 		if len(t.expired) > 0 {
 			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)
 		}

@@ -33,7 +33,7 @@ type fakeClock struct{ ns atomic.Int64 }
 
 // replicaPair opens two replicas on one Redis prefix, with one clock and
 // one retry id sequence.
-func replicaPair(t *testing.T, decodeAlways bool) (a, b *Store, clock *fakeClock) {
+func replicaPair(t testing.TB, decodeAlways bool) (a, b *Store, clock *fakeClock) {
 	t.Helper()
 	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
 	clock, ids := newFakeClock(), &atomic.Int64{}
@@ -53,7 +53,7 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // jitter are deterministic; its timer poller is stopped, so that timers
 // fire only when a test fires them. decodeAlways turns the reuse of
 // sessions off.
-func openReplica(t *testing.T, url, prefix string, clock *fakeClock, ids *atomic.Int64, decodeAlways bool) *Store {
+func openReplica(t testing.TB, url, prefix string, clock *fakeClock, ids *atomic.Int64, decodeAlways bool) *Store {
 	t.Helper()
 	s, err := Open(context.Background(), Config{
 		URL: url, KeyPrefix: prefix, ChainTTL: time.Hour, AbandonGrace: time.Minute, Now: clock.now,
@@ -69,7 +69,7 @@ func openReplica(t *testing.T, url, prefix string, clock *fakeClock, ids *atomic
 }
 
 // fixedPolicy retries every failure after delay, at most max times.
-func fixedPolicy(t *testing.T, delay time.Duration, max uint32) *policy.Policy {
+func fixedPolicy(t testing.TB, delay time.Duration, max uint32) *policy.Policy {
 	t.Helper()
 	ms := uint64(delay.Milliseconds())
 	p, err := policy.Resolve(&retrydv1.RetryPolicy{MaxRetries: proto.Uint32(max), Backoff: &retrydv1.Backoff{

@@ -970,8 +970,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 			return fmt.Errorf("redis store: encoding event: %w", err)
 		}
 		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
-		pl.XAdd(ctx, s.keys.streamKey(id), s.cfg.EventLogSize, sid, b)
-		pl.XAdd(ctx, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
+		pl.XAdd2(ctx, s.keys.streamKey(id), s.cfg.EventLogSize, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
 	}
 	if len(t.events) > 0 {
 		pl.PExpire(ctx, s.keys.streamKey(id), ttl)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Commits. A group's transitions are decided in Go on what this replica
@@ -255,8 +256,8 @@ func (c *commit) setSnapshot(ctx context.Context, key string, snap []byte, ttl t
 // field but unknown ones, which a snapshot made by engine.Session.Snapshot
 // has none of.
 func revisionSuffix(snap []byte) string {
-	const n = 2 + revisionLen // tag 15 (wire type 2), length, token
-	if len(snap) < n || snap[len(snap)-n] != 15<<3|2 || snap[len(snap)-n+1] != revisionLen {
+	n := len(revisionHead) + revisionLen
+	if len(snap) < n || string(snap[len(snap)-n:len(snap)-revisionLen]) != revisionHead {
 		return ""
 	}
 	return string(snap[len(snap)-n:])
@@ -264,6 +265,10 @@ func revisionSuffix(snap []byte) string {
 
 // revisionLen is the length of a snapshot's revision token.
 const revisionLen = 16
+
+// revisionHead is what precedes a revision token in a snapshot: the
+// field's tag and the token's length.
+var revisionHead = string(protowire.AppendVarint(protowire.AppendTag(nil, revisionField, protowire.BytesType), revisionLen))
 
 // newRevision returns a fresh revision token. Tokens only need to differ
 // from every other snapshot's of the same key, not to be unpredictable:

@@ -855,7 +855,8 @@ func encodeSession(sess *engine.Session, prev keptSession) ([]byte, []retrySpan,
 		n      int
 	}
 	parts := make([]part, len(retries))
-	size := skeleton.SizeVT() + protowire.SizeTag(revisionField) + protowire.SizeBytes(revisionLen)
+	head := skeleton.SizeVT()
+	size := head + protowire.SizeTag(revisionField) + protowire.SizeBytes(revisionLen)
 	for i, r := range retries {
 		if sp, ok := prev.span(r.ID); ok {
 			parts[i] = part{copied: prev.snap[sp.off : sp.off+sp.n], n: int(sp.n)}
@@ -865,7 +866,7 @@ func encodeSession(sess *engine.Session, prev keptSession) ([]byte, []retrySpan,
 		}
 		size += protowire.SizeTag(retriesField) + protowire.SizeBytes(parts[i].n)
 	}
-	b := make([]byte, skeleton.SizeVT(), size)
+	b := make([]byte, head, size)
 	if _, err := skeleton.MarshalToSizedBufferVT(b); err != nil {
 		return nil, nil, err
 	}

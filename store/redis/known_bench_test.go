@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
 )
 
@@ -22,8 +23,24 @@ import (
 // store and its callers) per call.
 func BenchmarkKnownSessions(b *testing.B) {
 	srv := redistest.Shared(b)
-	s := open(b, srv.URL(0), redistest.Prefix())
-	addrs := []string{srv.Addr}
+	benchKnownSessions(b, []string{srv.Addr}, open(b, srv.URL(0), redistest.Prefix()))
+}
+
+// BenchmarkKnownSessionsAlternating is BenchmarkKnownSessions on two
+// replicas of one Redis, each session's calls going to them in turn, as a
+// round-robin balancer without session affinity sends them: every call
+// lands on the replica that did not write the session last, so what it
+// knows of the session is out of date (its check fails, or it reads
+// first, see known.go) and it decodes the snapshot.
+func BenchmarkKnownSessionsAlternating(b *testing.B) {
+	srv := redistest.Shared(b)
+	prefix := redistest.Prefix()
+	benchKnownSessions(b, []string{srv.Addr}, open(b, srv.URL(0), prefix), open(b, srv.URL(0), prefix))
+}
+
+// benchKnownSessions runs BenchmarkKnownSessions' calls, a session's n-th
+// call on stores[n % len(stores)].
+func benchKnownSessions(b *testing.B, addrs []string, stores ...*redis.Store) {
 	var workers atomic.Int64
 	var calls atomic.Int64
 	cpu, own := redisCPU(b, addrs), processCPU(b)
@@ -33,12 +50,14 @@ func BenchmarkKnownSessions(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		w := workers.Add(1)
 		const perWorker = 32
-		var steps [perWorker]uint64
+		var steps, n [perWorker]uint64
 		var pending [perWorker]bool
 		ctx := context.Background()
 		for i := 0; pb.Next(); i++ {
 			j := i % perWorker
 			id := fmt.Sprintf("k-%d-%d", w, j)
+			s := stores[n[j]%uint64(len(stores))]
+			n[j]++
 			if pending[j] {
 				if _, err := s.CancelSession(ctx, id); err != nil {
 					b.Fatal(err)

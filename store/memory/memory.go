@@ -130,15 +130,6 @@ type shard struct {
 	sessions table[engine.Session] // by id
 }
 
-// session returns the shard's session with id, or nil.
-func (sh *shard) session(id string) *engine.Session {
-	return sh.sessions.get(maphash.String(sh.sessions.seed, id), id)
-}
-
-func (sh *shard) putSession(sess *engine.Session) {
-	sh.sessions.put(maphash.String(sh.sessions.seed, sess.ID), sess)
-}
-
 type indexShard struct {
 	mu      sync.Mutex
 	retries table[engine.Retry] // by id
@@ -180,8 +171,8 @@ func New(cfg Config) *Store {
 	}
 	s.gateRetry = s.startGate
 	for i := range s.shards {
-		s.shards[i].sessions = newTable(s.seed, sessionID)
-		s.index[i].retries = newTable(s.seed, retryID)
+		s.shards[i].sessions = newTable(sessionID)
+		s.index[i].retries = newTable(retryID)
 	}
 	if st := cfg.Restore; st != nil {
 		s.restore(st)
@@ -211,7 +202,8 @@ func (s *Store) restore(st *State) {
 	s.log.restore(st.Events, st.LastSequence)
 	now := s.cfg.Now()
 	for _, sess := range st.Sessions {
-		s.shardOf(sess.ID).putSession(sess)
+		sh, h := s.shardOf(sess.ID)
+		sh.sessions.put(h, sess)
 		for _, r := range sess.Retries() {
 			s.indexRetry(r)
 		}
@@ -309,19 +301,25 @@ func (s *Store) held(r *engine.Retry) {
 	}
 }
 
-func (s *Store) shardOf(sessionID string) *shard {
-	return &s.shards[maphash.String(s.seed, sessionID)%shardCount]
+// shardOf returns the shard of a session and the hash of its id, whose
+// low bits chose the shard and whose others choose the slot in the
+// shard's table: an id is hashed once per lookup.
+func (s *Store) shardOf(sessionID string) (*shard, uint64) {
+	h := maphash.String(s.seed, sessionID)
+	return &s.shards[h%shardCount], h
 }
 
-func (s *Store) indexOf(retryID string) *indexShard {
-	return &s.index[maphash.String(s.seed, retryID)%shardCount]
+// indexOf is shardOf for the retry index.
+func (s *Store) indexOf(retryID string) (*indexShard, uint64) {
+	h := maphash.String(s.seed, retryID)
+	return &s.index[h%shardCount], h
 }
 
 // lookup finds a retry of a session in scope (see service.InScope).
 func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
-	ix := s.indexOf(retryID)
+	ix, h := s.indexOf(retryID)
 	ix.mu.Lock()
-	r := ix.retries.get(maphash.String(s.seed, retryID), retryID)
+	r := ix.retries.get(h, retryID)
 	ix.mu.Unlock()
 	if r == nil || !service.InScope(scope, r.SessionID) {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no retry " + retryID}
@@ -330,17 +328,17 @@ func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
 }
 
 func (s *Store) indexRetry(r *engine.Retry) {
-	ix := s.indexOf(r.ID)
+	ix, h := s.indexOf(r.ID)
 	ix.mu.Lock()
-	ix.retries.put(maphash.String(s.seed, r.ID), r)
+	ix.retries.put(h, r)
 	ix.mu.Unlock()
 }
 
 func (s *Store) unindex(rs []*engine.Retry) {
 	for _, r := range rs {
-		ix := s.indexOf(r.ID)
+		ix, h := s.indexOf(r.ID)
 		ix.mu.Lock()
-		ix.retries.remove(maphash.String(s.seed, r.ID), r.ID)
+		ix.retries.remove(h, r.ID)
 		ix.mu.Unlock()
 	}
 }
@@ -348,11 +346,11 @@ func (s *Store) unindex(rs []*engine.Retry) {
 // FailedStep implements service.Store.
 func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutcome, error) {
 	id := f.Request.GetSessionId()
-	sh := s.shardOf(id)
+	sh, h := s.shardOf(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	env := s.env()
-	sess := sh.session(id)
+	sess := sh.sessions.get(h, id)
 	fresh := sess == nil
 	if fresh {
 		sess = engine.NewSession(id, env.Now)
@@ -368,7 +366,7 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 		}
 	}
 	if fresh {
-		sh.putSession(sess)
+		sh.sessions.put(h, sess)
 	}
 	if r := out.Scheduled; r != nil {
 		s.indexRetry(r)
@@ -381,9 +379,9 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 // Due implements service.DueSource: the due time of a retained retry.
 // A retry's due time never changes once it is indexed.
 func (s *Store) Due(retryID string) (time.Time, bool) {
-	ix := s.indexOf(retryID)
+	ix, h := s.indexOf(retryID)
 	ix.mu.Lock()
-	r := ix.retries.get(maphash.String(s.seed, retryID), retryID)
+	r := ix.retries.get(h, retryID)
 	ix.mu.Unlock()
 	if r == nil {
 		return time.Time{}, false
@@ -397,7 +395,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 	if err != nil {
 		return err
 	}
-	sh := s.shardOf(r.SessionID)
+	sh, h := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	term := r.Terminal()
 	watching := term == nil
@@ -406,7 +404,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		s.awaiters.Add(1)
 	}
 	state := r.State()
-	if sess := sh.session(r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due()) {
+	if sess := sh.sessions.get(h, r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due()) {
 		// Due already, and now an agent is here: this is the start. The
 		// stream still reports the pending state first, then Started.
 		cp := s.checkpoint(sess)
@@ -463,10 +461,10 @@ func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1
 	if err != nil {
 		return nil, err
 	}
-	sh := s.shardOf(r.SessionID)
+	sh, h := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sess := sh.session(r.SessionID); sess != nil {
+	if sess := sh.sessions.get(h, r.SessionID); sess != nil {
 		cp := s.checkpoint(sess)
 		if evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
 			if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
@@ -479,10 +477,10 @@ func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1
 
 // CancelSession implements service.Store.
 func (s *Store) CancelSession(_ context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
-	sh := s.shardOf(sessionID)
+	sh, h := s.shardOf(sessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.session(sessionID)
+	sess := sh.sessions.get(h, sessionID)
 	if sess == nil {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
 	}
@@ -501,10 +499,10 @@ func (s *Store) CancelSession(_ context.Context, sessionID string) (*retrydv1.Ca
 // StepSucceeded implements service.Store. A success on a session retryd
 // has never seen records nothing: there is no chain to close.
 func (s *Store) StepSucceeded(_ context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
-	sh := s.shardOf(req.GetSessionId())
+	sh, h := s.shardOf(req.GetSessionId())
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.session(req.GetSessionId())
+	sess := sh.sessions.get(h, req.GetSessionId())
 	if sess == nil {
 		return &retrydv1.StepSucceededResponse{}, nil
 	}
@@ -522,10 +520,10 @@ func (s *Store) StepSucceeded(_ context.Context, req *retrydv1.StepSucceededRequ
 
 // GetChains implements service.Store.
 func (s *Store) GetChains(_ context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
-	sh := s.shardOf(sessionID)
+	sh, h := s.shardOf(sessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.session(sessionID)
+	sess := sh.sessions.get(h, sessionID)
 	if sess == nil {
 		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
 	}
@@ -598,10 +596,10 @@ func (s *Store) runTimers() {
 // is tried again after persistRetryDelay.
 func (s *Store) fire(e timerEntry) {
 	r := e.retry
-	sh := s.shardOf(r.SessionID)
+	sh, h := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sess := sh.session(r.SessionID)
+	sess := sh.sessions.get(h, r.SessionID)
 	switch {
 	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
 	case e.kind == timerDue && r.Awaiters > 0:

@@ -69,9 +69,9 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh := s.shardOf("open")
+	sh, h := s.shardOf("open")
 	sh.mu.Lock()
-	if ev, ok := sh.session("open").Start(s.env(), r); ok {
+	if ev, ok := sh.sessions.get(h, "open").Start(s.env(), r); ok {
 		s.log.append(ev)
 	}
 	sh.mu.Unlock()
@@ -197,12 +197,12 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sh := s.shardOf(id)
+		sh, h := s.shardOf(id)
 		sh.mu.Lock()
-		if ev, ok := sh.session(id).Start(s.env(), r); ok {
+		if ev, ok := sh.sessions.get(h, id).Start(s.env(), r); ok {
 			s.log.append(ev)
 		}
-		sh.session(id).Commit()
+		sh.sessions.get(h, id).Commit()
 		sh.mu.Unlock()
 	})
 }

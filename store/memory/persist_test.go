@@ -109,7 +109,7 @@ func sequences(s *Store) []uint64 {
 
 // stateOf reads a retry's state under its shard lock.
 func stateOf(s *Store, r *engine.Retry) *retrydv1.RetryState {
-	sh := s.shardOf(r.SessionID)
+	sh, _ := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return r.State()

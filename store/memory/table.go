@@ -1,7 +1,5 @@
 package memory
 
-import "hash/maphash"
-
 // table is a hash set of *T, found by a string each element carries (a
 // session's or a retry's id): open addressing with linear probing, one
 // pointer and 32 bits of the element's hash per slot.
@@ -19,9 +17,9 @@ import "hash/maphash"
 // again, it cost a read of the element (a cache miss in a big index) and a
 // hash of its id for every element of the run (BenchmarkTableChurn).
 //
-// Callers pass each id's hash: maphash.String of the id with seed, the
-// store's seed, which the table carries for them (it never hashes an id
-// itself). A table is not safe for concurrent use: its shard's lock
+// Callers pass each id's hash (the store's maphash of it, whose low bits
+// already chose the table's shard, see Store.shardOf): the table never
+// hashes an id itself. A table is not safe for concurrent use: its shard's lock
 // guards it. It grows (and shrinks) all at once, moving every element to
 // its new slot under that lock (by the slots' hash bits, without reading
 // the elements), where a Go map grows a part at a time: with a million
@@ -35,11 +33,10 @@ type table[T any] struct {
 	slots  []*T
 	n      int
 	key    func(*T) string
-	seed   maphash.Seed
 }
 
-func newTable[T any](seed maphash.Seed, key func(*T) string) table[T] {
-	return table[T]{key: key, seed: seed}
+func newTable[T any](key func(*T) string) table[T] {
+	return table[T]{key: key}
 }
 
 // The hash's low bits pick the shard (modulo shardCount, a power of two),

@@ -15,7 +15,7 @@ type tableItem struct{ id string }
 func TestTableMatchesMap(t *testing.T) {
 	t.Parallel()
 	seed := maphash.MakeSeed()
-	tab := newTable(seed, func(it *tableItem) string { return it.id })
+	tab := newTable(func(it *tableItem) string { return it.id })
 	want := map[string]*tableItem{}
 	rng := mrand.New(mrand.NewPCG(3, 4))
 	hash := func(id string) uint64 { return maphash.String(seed, id) }
@@ -71,7 +71,7 @@ func BenchmarkTableChurn(b *testing.B) {
 	for _, size := range []int{256, 16_384, 262_144} {
 		b.Run(strconv.Itoa(size), func(b *testing.B) {
 			seed := maphash.MakeSeed()
-			tab := newTable(seed, func(e *entry) string { return e.id })
+			tab := newTable(func(e *entry) string { return e.id })
 			ring := make([]*entry, size)
 			hash := func(id string) uint64 { return maphash.String(seed, id) }
 			fresh := func() *entry { return &entry{id: rand.Text()} }

@@ -64,8 +64,7 @@ func TestCommitScript(t *testing.T) {
 		c.checkHash(aw, awWant)
 		c.Set(ctx, out, []byte("written"), time.Minute)
 		c.HIncrBy(ctx, out+":h", "n", 2)
-		c.XAdd(ctx, stream, 100, "5-0", []byte("event"))
-		c.XAdd2(ctx, stream+"a", 100, stream+"b", 2, "6-0", []byte("event 6"))
+		c.XAdd2(ctx, stream, 100, stream+"b", 2, "5-0", []byte("event"))
 		c.ZAdd(ctx, out+":z", 1.5, "m")
 		c.HDel(ctx, aw, "R1 a\x00b")
 		c.Publish(ctx, ch, "")
@@ -83,7 +82,7 @@ func TestCommitScript(t *testing.T) {
 		if !errors.Is(err, errConflict) {
 			t.Errorf("%s changed: %v, want errConflict", name, err)
 		}
-		if n, err := rdb.Exists(ctx, out, out+":h", stream, stream+"a", stream+"b", out+":z").Result(); err != nil || n != 0 {
+		if n, err := rdb.Exists(ctx, out, out+":h", stream, stream+"b", out+":z").Result(); err != nil || n != 0 {
 			t.Fatalf("%s changed: %d keys written (%v), want none", name, n, err)
 		}
 		// The answer holds every checked key's current value, which a
@@ -132,11 +131,8 @@ func TestCommitScript(t *testing.T) {
 	if v, _ := rdb.HGet(ctx, out+":h", "n").Result(); v != "2" {
 		t.Errorf("HINCRBY: %q", v)
 	}
-	if msgs, _ := rdb.XRange(ctx, stream, "-", "+").Result(); len(msgs) != 1 || msgs[0].ID != "5-0" || msgs[0].Values["e"] != "event" {
-		t.Errorf("XADD: %v", msgs)
-	}
-	for _, s := range []string{stream + "a", stream + "b"} {
-		if msgs, _ := rdb.XRange(ctx, s, "-", "+").Result(); len(msgs) != 1 || msgs[0].ID != "6-0" || msgs[0].Values["e"] != "event 6" {
+	for _, s := range []string{stream, stream + "b"} {
+		if msgs, _ := rdb.XRange(ctx, s, "-", "+").Result(); len(msgs) != 1 || msgs[0].ID != "5-0" || msgs[0].Values["e"] != "event" {
 			t.Errorf("XADD2 to %s: %v", s, msgs)
 		}
 	}

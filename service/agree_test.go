@@ -1,0 +1,529 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/retrydtest"
+	"github.com/retryd/retryd/invariant"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/file"
+	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/store/redis"
+	"github.com/retryd/retryd/store/redis/redistest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestStoresAgree is a differential test of the stores. One random
+// sequence of calls, drawn as it runs (agreeGen), (failed steps, replays of a step, re-reports that
+// contradict one, always-mode hand-offs, successes, cancellations by
+// session and by retry, stale turns, reads, clock steps) goes to the
+// memory store, the file store, and two replicas of the Redis store that
+// share one Redis, over real gRPC; between calls the file store's
+// process is restarted from its files now and then, and a Redis replica
+// is replaced by a fresh one (which knows nothing and reads the
+// snapshots the other wrote). Every answer, error or not, and the whole
+// event log at the end must be the same on all of them, up to the retry
+// ids (each deployment draws its own, so ids are compared by order of
+// first appearance), and the invariant checker must pass on every log.
+//
+// The clock is a fake one that only the script moves; backoffs are ten
+// minutes or more, and the chain TTL and the abandon grace far longer
+// than the script's clock steps, so no store's own timer fires during
+// the test and races a call. A retry starts when its session's agent
+// awaits it after the clock passed its due time. What is compared is the
+// decision state each store keeps, and what each makes of it after a
+// restart. The jitter source is constant, so a Redis replica that runs a
+// transition again after a failed check draws nothing different.
+func TestStoresAgree(t *testing.T) {
+	seeds := 6
+	ops := 300
+	if testing.Short() {
+		seeds, ops = 2, 150
+	}
+	for seed := range seeds {
+		t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
+			t.Parallel()
+			gen := newAgreeGen(uint64(seed))
+			start := time.Now().Truncate(time.Millisecond) // every deployment's clock starts here
+			deps := []*deployment{
+				newDeployment(t, "memory", start, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+					s := memory.New(cfg)
+					return s, func() error { s.Close(); return nil }
+				}),
+				fileDeployment(t, start),
+				redisDeployment(t, start),
+			}
+			var script []agreeOp
+			answers := make([]string, len(deps))
+			for i := range ops {
+				op := gen.next(func(session string) bool { return deps[0].pending(t, session) })
+				script = append(script, op)
+				for d, dep := range deps {
+					answers[d] = dep.canon(dep.do(t, op))
+				}
+				for d := 1; d < len(deps); d++ {
+					if answers[d] != answers[0] {
+						t.Fatalf("call %d, %s:\n%s answered\n  %s\n%s answered\n  %s\n(the calls before it: %v)",
+							i, op, deps[0].name, answers[0], deps[d].name, answers[d], script[max(0, i-8):i])
+					}
+				}
+			}
+			logs := make([]string, len(deps))
+			for d, dep := range deps {
+				events := dep.events(t)
+				if len(events) == 0 {
+					t.Fatalf("%s: empty event log", dep.name)
+				}
+				for _, v := range invariant.Check(events) {
+					t.Errorf("%s: invariant violation: %s", dep.name, v)
+				}
+				var b []byte
+				for _, ev := range events {
+					b = append(b, dep.canon(marshalCanon(ev))...)
+					b = append(b, '\n')
+				}
+				logs[d] = string(b)
+				if d > 0 && logs[d] != logs[0] {
+					t.Errorf("the event logs differ:\n%s:\n%s\n%s:\n%s", deps[0].name, logs[0], dep.name, logs[d])
+				}
+			}
+		})
+	}
+}
+
+// agreeOp is one call of the script. Which fields matter depends on kind.
+type agreeOp struct {
+	kind    string // fail, await, succeed, cancel-session, cancel-retry, chains, advance, restart
+	req     *retrydv1.FailedStepRequest
+	session string
+	turn    uint64
+	step    uint64
+	nth     int           // cancel-retry: the nth retry id the deployment has answered (may not exist)
+	advance time.Duration // advance
+	replica int           // the replica that takes the call (mod the deployment's replicas)
+}
+
+func (op agreeOp) String() string {
+	switch op.kind {
+	case "fail":
+		return fmt.Sprintf("fail{%s %d/%d %s %s ds=%s}", op.req.GetSessionId(), op.req.GetTurn(), op.req.GetStep(),
+			op.req.GetProvider(), op.req.GetFailure().GetCode(), op.req.GetDownstream())
+	case "cancel-retry":
+		return fmt.Sprintf("cancel-retry{#%d}", op.nth)
+	case "advance":
+		return "advance{" + op.advance.String() + "}"
+	case "restart":
+		return fmt.Sprintf("restart{%d}", op.replica)
+	}
+	return fmt.Sprintf("%s{%s %d/%d}", op.kind, op.session, op.turn, op.step)
+}
+
+// agreePolicies are inline policies without jitter and with backoffs of
+// ten minutes or more (see TestStoresAgree).
+func agreePolicies() []*retrydv1.RetryPolicy {
+	backoff := func(initial uint64) *retrydv1.Backoff {
+		return &retrydv1.Backoff{InitialDelayMs: proto.Uint64(initial), MaxDelayMs: proto.Uint64(3_600_000),
+			Multiplier: proto.Float64(2), JitterRatio: proto.Float64(0)}
+	}
+	return []*retrydv1.RetryPolicy{
+		{Mode: retrydv1.Mode_MODE_NORMAL, MaxRetries: proto.Uint32(3), Backoff: backoff(600_000)},
+		{Mode: retrydv1.Mode_MODE_NORMAL, MaxRetries: proto.Uint32(1), Backoff: backoff(900_000)},
+		{Mode: retrydv1.Mode_MODE_SCHEDULE, Schedule: []uint64{600_000, 1_200_000}},
+		{Mode: retrydv1.Mode_MODE_ALWAYS, Backoff: backoff(600_000)},
+	}
+}
+
+// agreeGen draws the script's calls as an agent fleet would make them,
+// mostly: a session reports its next failed step, and while a retry of
+// it is pending its agent usually awaits it (moving the clock to its due
+// time) or cancels it. It tracks each session's turn and step itself; it
+// learns which sessions have a pending retry from the reference
+// deployment, which every other one must agree with anyway.
+type agreeGen struct {
+	rng       *rand.Rand
+	policies  []*retrydv1.RetryPolicy
+	sessions  []agreeSession
+	drawn     int
+	codes     []string
+	providers []string
+}
+
+type agreeSession struct {
+	turn, step uint64
+	last       *retrydv1.FailedStepRequest // the latest report, for replays
+}
+
+func newAgreeGen(seed uint64) *agreeGen {
+	g := &agreeGen{rng: rand.New(rand.NewPCG(seed, 0x5eed)), policies: agreePolicies(),
+		sessions:  make([]agreeSession, 4),
+		codes:     []string{"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "INVALID_REQUEST", "HTTP_529"},
+		providers: []string{"deepseek", "openai"}}
+	for i := range g.sessions {
+		g.sessions[i].turn = 1
+	}
+	return g
+}
+
+// next draws the next call; pending reports whether a session has a
+// pending retry.
+func (g *agreeGen) next(pending func(session string) bool) agreeOp {
+	g.drawn++
+	rng := g.rng
+	i := rng.IntN(len(g.sessions))
+	s := &g.sessions[i]
+	id := "agree-" + strconv.Itoa(i)
+	op := agreeOp{session: id, turn: s.turn, step: s.step, replica: rng.IntN(2)}
+	if pending(id) {
+		switch r := rng.IntN(100); {
+		case r < 60:
+			op.kind = "await"
+			return op
+		case r < 70:
+			op.kind = "cancel-session"
+			return op
+		}
+	}
+	switch r := rng.IntN(100); {
+	case r < 5: // the session's latest retry is awaited, pending or not
+		op.kind = "await"
+	case r < 55: // the next step fails
+		s.step++
+		f := &retrydv1.Failure{Code: g.codes[rng.IntN(len(g.codes))]}
+		switch rng.IntN(8) {
+		case 0: // a Retry-After under the policies' 1 h cap
+			f.ProviderRetryAfterMs = proto.Int64(1_800_000)
+		case 1: // and over it
+			f.ProviderRetryAfterMs = proto.Int64(7_200_000)
+		}
+		req := &retrydv1.FailedStepRequest{SessionId: id, Turn: s.turn, Step: s.step,
+			Provider: g.providers[rng.IntN(len(g.providers))], Failure: f}
+		p := g.policies[rng.IntN(len(g.policies))]
+		req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: p}
+		if p.GetMode() == retrydv1.Mode_MODE_ALWAYS {
+			req.Downstream = retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+		}
+		s.last = req
+		op.kind, op.req = "fail", req
+	case r < 65 && s.last != nil: // the latest report again: a replay, or its always-mode follow-up
+		req := proto.CloneOf(s.last)
+		if req.GetPolicy().GetMode() == retrydv1.Mode_MODE_ALWAYS && rng.IntN(2) == 0 {
+			req.Downstream = retrydv1.Downstream_DOWNSTREAM_DECLINED
+			s.last = req
+		}
+		op.kind, op.req = "fail", req
+	case r < 68 && s.last != nil: // the latest step reported again with another failure
+		req := proto.CloneOf(s.last)
+		req.Failure = &retrydv1.Failure{Code: "EMPTY_RESPONSE"}
+		op.kind, op.req = "fail", req
+	case r < 70 && s.turn > 1: // a report for an earlier turn
+		op.kind = "fail"
+		op.req = &retrydv1.FailedStepRequest{SessionId: id, Turn: s.turn - 1, Step: 1, Provider: "deepseek",
+			Failure: &retrydv1.Failure{Code: "SERVER"}, PolicySource: &retrydv1.FailedStepRequest_Policy{Policy: g.policies[0]}}
+	case r < 78: // the step succeeded; the next failure is step 1 of a new turn
+		op.kind = "succeed"
+		s.turn++
+		s.step = 0
+		s.last = nil
+	case r < 83:
+		op.kind = "cancel-session"
+	case r < 88:
+		op.kind, op.nth = "cancel-retry", rng.IntN(g.drawn/3+1)
+	case r < 93:
+		op.kind = "chains"
+	case r < 95: // time passes: enough for some backoffs to end
+		op.kind, op.advance = "advance", time.Duration(rng.IntN(40))*time.Minute+time.Duration(rng.IntN(1000))*time.Millisecond
+	case r < 97:
+		op.kind, op.advance = "advance", time.Duration(rng.IntN(3000))*time.Millisecond
+	default:
+		op.kind = "restart"
+	}
+	if op.kind == "" { // a replay drawn before the session's first report
+		op.kind = "chains"
+	}
+	return op
+}
+
+// deployment is one store, served by one or more replicas over gRPC.
+type deployment struct {
+	name string
+	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)
+	// restartable: a restart op replaces a replica (the memory store
+	// would start empty, so it ignores them).
+	restartable bool
+	cfg         memory.Config
+	now         time.Time
+	nextID      int
+	advance     func(time.Duration) // moves the fake clock
+	replicas    []*agreeReplica
+	// ids are the retry ids the deployment answered, by first appearance.
+	ids  []string
+	seen map[string]int
+	// latest is each session's latest scheduled retry, and due when it
+	// falls due.
+	latest map[string]string
+	due    map[string]time.Time
+}
+
+type agreeReplica struct {
+	client retrydv1.RetryServiceClient
+	conn   *grpc.ClientConn
+	close  func()
+}
+
+var agreeRetryID = regexp.MustCompile(`rid-[0-9]+`)
+
+func newDeployment(t *testing.T, name string, start time.Time, replicas int, restartable bool,
+	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)) *deployment {
+	d := &deployment{name: name, open: open, now: start, restartable: restartable,
+		seen: map[string]int{}, latest: map[string]string{}, due: map[string]time.Time{}}
+	var mu sync.Mutex
+	d.cfg = memory.Config{
+		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return d.now },
+		NewID: func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			d.nextID++
+			return fmt.Sprintf("rid-%06d", d.nextID)
+		},
+		Rand: constRand{},
+		// Far beyond the clock steps, so that neither falls due: the stores
+		// time them with timers of their own, which a fake clock that
+		// jumps does not drive alike.
+		AbandonGrace: 1000 * time.Hour,
+		ChainTTL:     1000 * time.Hour,
+	}
+	d.advance = func(by time.Duration) { mu.Lock(); defer mu.Unlock(); d.now = d.now.Add(by) }
+	for range replicas {
+		d.replicas = append(d.replicas, d.start(t))
+	}
+	t.Cleanup(func() {
+		for _, r := range d.replicas {
+			r.close()
+		}
+	})
+	return d
+}
+
+// constRand is a jitter source that always draws the middle.
+type constRand struct{}
+
+func (constRand) Float64() float64 { return 0.5 }
+
+// start opens the deployment's store and serves it on a loopback port.
+func (d *deployment) start(t *testing.T) *agreeReplica {
+	t.Helper()
+	store, closeStore := d.open(t, d.cfg)
+	svc, err := service.New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	retrydv1.RegisterRetryServiceServer(srv, svc)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &agreeReplica{client: retrydv1.NewRetryServiceClient(conn), conn: conn, close: func() {
+		conn.Close()
+		srv.Stop()
+		if err := closeStore(); err != nil {
+			t.Errorf("%s: closing the store: %v", d.name, err)
+		}
+	}}
+}
+
+func fileDeployment(t *testing.T, start time.Time) *deployment {
+	dir := t.TempDir()
+	return newDeployment(t, "file (restarted)", start, 1, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+		s, err := file.Open(dir, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, s.Close
+	})
+}
+
+func redisDeployment(t *testing.T, start time.Time) *deployment {
+	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
+	return newDeployment(t, "redis (two replicas, replaced)", start, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+		s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix,
+			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, s.Close
+	})
+}
+
+// do makes one call on the deployment and returns its answer (a message
+// or an error), marshalled.
+func (d *deployment) do(t *testing.T, op agreeOp) string {
+	t.Helper()
+	r := d.replicas[op.replica%len(d.replicas)]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var resp proto.Message
+	var err error
+	switch op.kind {
+	case "fail":
+		var fr *retrydv1.FailedStepResponse
+		fr, err = r.client.FailedStep(ctx, op.req)
+		if s := fr.GetDecision().GetSchedule(); s != nil {
+			d.latest[op.req.GetSessionId()] = s.GetRetryId()
+			d.due[s.GetRetryId()] = s.GetDueAt().AsTime()
+		}
+		resp = fr
+	case "await":
+		// The agent waits out the backoff (the clock moves to the due
+		// time) and then awaits: the stream ends at once (a due retry
+		// starts for its first awaiter), where a stream that waited would
+		// race the next call.
+		id, ok := d.latest[op.session]
+		if !ok {
+			return "no retry"
+		}
+		if due := d.due[id]; d.cfg.Now().Before(due) {
+			d.advance(due.Sub(d.cfg.Now()))
+		}
+		return d.await(ctx, t, r, id)
+	case "succeed":
+		resp, err = r.client.StepSucceeded(ctx, &retrydv1.StepSucceededRequest{SessionId: op.session, Turn: op.turn, Step: op.step})
+	case "cancel-session":
+		resp, err = r.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+			Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: op.session}})
+	case "cancel-retry":
+		id := "rid-unknown"
+		if op.nth < len(d.ids) {
+			id = d.ids[op.nth]
+		}
+		resp, err = r.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+			Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: id}})
+	case "chains":
+		resp, err = r.client.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: op.session})
+	case "advance":
+		d.advance(op.advance)
+		return "advanced"
+	case "restart":
+		if !d.restartable {
+			return "restarted" // its state is its process's: nothing to restart from
+		}
+		i := op.replica % len(d.replicas)
+		d.replicas[i].close()
+		d.replicas[i] = d.start(t)
+		return "restarted"
+	default:
+		t.Fatalf("unknown op %q", op.kind)
+	}
+	if err != nil {
+		st := status.Convert(err)
+		return fmt.Sprintf("error %s: %s", st.Code(), st.Message())
+	}
+	return marshalCanon(resp)
+}
+
+// await reads a whole AwaitRetry stream of a due retry: its state, then
+// its terminal message.
+func (d *deployment) await(ctx context.Context, t *testing.T, r *agreeReplica, id string) string {
+	t.Helper()
+	stream, err := r.client.AwaitRetry(ctx, &retrydv1.AwaitRetryRequest{RetryId: id})
+	if err != nil {
+		t.Fatalf("%s: AwaitRetry: %v", d.name, err)
+	}
+	var out string
+	for {
+		m, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			st := status.Convert(err)
+			return out + fmt.Sprintf("error %s: %s", st.Code(), st.Message())
+		}
+		if st := m.GetState(); st != nil && st.GetAwaiters() > 0 && st.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+			// It ended while this stream attached: on Redis the store's
+			// timer may start a due retry as soon as it has an awaiter,
+			// before the stream reads the state it sends first, where the
+			// memory store starts it under the lock the read takes. Either
+			// is the current state, so both are compared as pending.
+			st.Status, st.Started, st.Cancelled = retrydv1.RetryStatus_RETRY_STATUS_PENDING, nil, nil
+		}
+		out += marshalCanon(m) + "\n"
+	}
+}
+
+// marshalCanon marshals m as JSON, the same way for every deployment.
+func marshalCanon(m proto.Message) string {
+	b, err := protojson.MarshalOptions{}.Marshal(m)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// canon replaces the deployment's retry ids in s by their order of first
+// appearance.
+func (d *deployment) canon(s string) string {
+	return agreeRetryID.ReplaceAllStringFunc(s, func(id string) string {
+		n, ok := d.seen[id]
+		if !ok {
+			n = len(d.ids)
+			d.seen[id] = n
+			d.ids = append(d.ids, id)
+		}
+		return "R" + strconv.Itoa(n)
+	})
+}
+
+// pending reports whether the session has a pending retry, read with
+// GetChains (not a call of the script).
+func (d *deployment) pending(t *testing.T, session string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := d.replicas[0].client.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
+	if status.Code(err) == codes.NotFound {
+		return false
+	}
+	if err != nil {
+		t.Fatalf("%s: GetChains: %v", d.name, err)
+	}
+	for _, c := range resp.GetChains() {
+		if c.GetLatest().GetStatus() == retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+			return true
+		}
+	}
+	return false
+}
+
+// events reads the deployment's whole event log from its first replica.
+func (d *deployment) events(t *testing.T) []*retrydv1.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evs, err := retrydtest.Events(ctx, d.replicas[0].conn, "")
+	if err != nil {
+		t.Fatalf("%s: WatchEvents: %v", d.name, err)
+	}
+	return evs
+}

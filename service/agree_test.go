@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
@@ -41,6 +42,11 @@ import (
 // event log at the end must be the same on all of them, up to the retry
 // ids (each deployment draws its own, so ids are compared by order of
 // first appearance), and the invariant checker must pass on every log.
+// It runs once with inline policies only, and once with a policy file
+// (a named policy, the default policy, a provider's policy) that turns
+// on fleet protection, whose budgets and pacing the Redis replicas share
+// through Redis; there the file store is not restarted, as its fleet
+// state is its process's.
 //
 // The clock is a fake one that only the script moves; backoffs are ten
 // minutes or more, and the chain TTL and the abandon grace far longer
@@ -56,67 +62,112 @@ func TestStoresAgree(t *testing.T) {
 	if testing.Short() {
 		seeds, ops = 2, 150
 	}
-	for seed := range seeds {
-		t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
-			t.Parallel()
-			gen := newAgreeGen(uint64(seed))
-			start := time.Now().Truncate(time.Millisecond) // every deployment's clock starts here
-			deps := []*deployment{
-				newDeployment(t, "memory", start, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
-					s := memory.New(cfg)
-					return s, func() error { s.Close(); return nil }
-				}),
-				fileDeployment(t, start),
-				redisDeployment(t, start),
+	for _, v := range []struct {
+		name     string
+		policies string // a policy file, or none
+	}{
+		{"inline-policies", ""},
+		{"policy-file-and-fleet", agreePolicyFile},
+	} {
+		for seed := range seeds {
+			t.Run(v.name+"/seed="+strconv.Itoa(seed), func(t *testing.T) {
+				t.Parallel()
+				testStoresAgree(t, v.policies, uint64(seed), ops)
+			})
+		}
+	}
+}
+
+// agreePolicyFile names a policy and sets the default one, and protects
+// two providers: deepseek with a fleet budget, groq with the fleet-wide
+// Retry-After. The circuit is off: its start gate holds due retries on
+// the stores' own timers (see TestStoresAgree). Its backoffs are ten
+// minutes or more as well.
+const agreePolicyFile = `
+policies:
+  relay:
+    mode: schedule
+    schedule: [600000, 900000]
+    tailDelayMs: 1200000
+defaultPolicy:
+  maxRetries: 3
+  backoff: {initialDelayMs: 600000, maxDelayMs: 3600000, jitterRatio: 0.2}
+providers:
+  deepseek:
+    fleet: {capacity: 3, refillPerSecond: 0.002, successCredit: 1, disableCircuit: true, maxFleetRetryAfterMs: 0}
+  groq:
+    retryPolicy:
+      mode: always
+      backoff: {initialDelayMs: 600000, maxDelayMs: 3600000}
+    fleet: {disableBudget: true, disableCircuit: true, maxFleetRetryAfterMs: 3600000, spreadWindowMs: 0}
+`
+
+// testStoresAgree runs one script, drawn from seed, on every deployment.
+func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
+	var policies *config.Policies
+	if policyFile != "" {
+		var err error
+		if policies, err = config.Parse([]byte(policyFile)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen := newAgreeGen(seed, policies != nil)
+	start := time.Now().Truncate(time.Millisecond) // every deployment's clock starts here
+	deps := []*deployment{
+		newDeployment(t, "memory", start, policies, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+			s := memory.New(cfg)
+			return s, func() error { s.Close(); return nil }
+		}),
+		fileDeployment(t, start, policies),
+		redisDeployment(t, start, policies),
+	}
+	var script []agreeOp
+	answers := make([]string, len(deps))
+	for i := range ops {
+		op := gen.next(func(session string) bool { return deps[0].pending(t, session) })
+		script = append(script, op)
+		for d, dep := range deps {
+			answers[d] = dep.canon(dep.do(t, op))
+		}
+		for d := 1; d < len(deps); d++ {
+			if answers[d] != answers[0] {
+				t.Fatalf("call %d, %s:\n%s answered\n  %s\n%s answered\n  %s\n(the calls before it: %v)",
+					i, op, deps[0].name, answers[0], deps[d].name, answers[d], script[max(0, i-8):i])
 			}
-			var script []agreeOp
-			answers := make([]string, len(deps))
-			for i := range ops {
-				op := gen.next(func(session string) bool { return deps[0].pending(t, session) })
-				script = append(script, op)
-				for d, dep := range deps {
-					answers[d] = dep.canon(dep.do(t, op))
-				}
-				for d := 1; d < len(deps); d++ {
-					if answers[d] != answers[0] {
-						t.Fatalf("call %d, %s:\n%s answered\n  %s\n%s answered\n  %s\n(the calls before it: %v)",
-							i, op, deps[0].name, answers[0], deps[d].name, answers[d], script[max(0, i-8):i])
-					}
-				}
-			}
-			logs := make([]string, len(deps))
-			for d, dep := range deps {
-				events := dep.events(t)
-				if len(events) == 0 {
-					t.Fatalf("%s: empty event log", dep.name)
-				}
-				for _, v := range invariant.Check(events) {
-					t.Errorf("%s: invariant violation: %s", dep.name, v)
-				}
-				var b []byte
-				for _, ev := range events {
-					b = append(b, dep.canon(marshalCanon(ev))...)
-					b = append(b, '\n')
-				}
-				logs[d] = string(b)
-				if d > 0 && logs[d] != logs[0] {
-					t.Errorf("the event logs differ:\n%s:\n%s\n%s:\n%s", deps[0].name, logs[0], dep.name, logs[d])
-				}
-			}
-		})
+		}
+	}
+	logs := make([]string, len(deps))
+	for d, dep := range deps {
+		events := dep.events(t)
+		if len(events) == 0 {
+			t.Fatalf("%s: empty event log", dep.name)
+		}
+		for _, v := range invariant.Check(events) {
+			t.Errorf("%s: invariant violation: %s", dep.name, v)
+		}
+		var b []byte
+		for _, ev := range events {
+			b = append(b, dep.canon(marshalCanon(ev))...)
+			b = append(b, '\n')
+		}
+		logs[d] = string(b)
+		if d > 0 && logs[d] != logs[0] {
+			t.Errorf("the event logs differ:\n%s:\n%s\n%s:\n%s", deps[0].name, logs[0], dep.name, logs[d])
+		}
 	}
 }
 
 // agreeOp is one call of the script. Which fields matter depends on kind.
 type agreeOp struct {
-	kind    string // fail, await, succeed, cancel-session, cancel-retry, chains, advance, restart
-	req     *retrydv1.FailedStepRequest
-	session string
-	turn    uint64
-	step    uint64
-	nth     int           // cancel-retry: the nth retry id the deployment has answered (may not exist)
-	advance time.Duration // advance
-	replica int           // the replica that takes the call (mod the deployment's replicas)
+	kind     string // fail, await, succeed, cancel-session, cancel-retry, chains, advance, restart
+	req      *retrydv1.FailedStepRequest
+	session  string
+	turn     uint64
+	step     uint64
+	nth      int           // cancel-retry: the nth retry id the deployment has answered (may not exist)
+	advance  time.Duration // advance
+	replica  int           // the replica that takes the call (mod the deployment's replicas)
+	provider string        // provider
 }
 
 func (op agreeOp) String() string {
@@ -130,6 +181,8 @@ func (op agreeOp) String() string {
 		return "advance{" + op.advance.String() + "}"
 	case "restart":
 		return fmt.Sprintf("restart{%d}", op.replica)
+	case "provider":
+		return "provider{" + op.provider + "}"
 	}
 	return fmt.Sprintf("%s{%s %d/%d}", op.kind, op.session, op.turn, op.step)
 }
@@ -162,6 +215,7 @@ type agreeGen struct {
 	drawn     int
 	codes     []string
 	providers []string
+	file      bool // agreePolicyFile is loaded
 }
 
 type agreeSession struct {
@@ -169,11 +223,17 @@ type agreeSession struct {
 	last       *retrydv1.FailedStepRequest // the latest report, for replays
 }
 
-func newAgreeGen(seed uint64) *agreeGen {
-	g := &agreeGen{rng: rand.New(rand.NewPCG(seed, 0x5eed)), policies: agreePolicies(),
+// newAgreeGen returns the generator of seed's script; with file, the
+// script also names agreePolicyFile's policy, leaves the policy to the
+// file, reports for its groq provider and reads providers' fleet state.
+func newAgreeGen(seed uint64, file bool) *agreeGen {
+	g := &agreeGen{rng: rand.New(rand.NewPCG(seed, 0x5eed)), policies: agreePolicies(), file: file,
 		sessions:  make([]agreeSession, 4),
 		codes:     []string{"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "INVALID_REQUEST", "HTTP_529"},
 		providers: []string{"deepseek", "openai"}}
+	if file {
+		g.providers = append(g.providers, "groq")
+	}
 	for i := range g.sessions {
 		g.sessions[i].turn = 1
 	}
@@ -213,16 +273,27 @@ func (g *agreeGen) next(pending func(session string) bool) agreeOp {
 		}
 		req := &retrydv1.FailedStepRequest{SessionId: id, Turn: s.turn, Step: s.step,
 			Provider: g.providers[rng.IntN(len(g.providers))], Failure: f}
-		p := g.policies[rng.IntN(len(g.policies))]
-		req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: p}
-		if p.GetMode() == retrydv1.Mode_MODE_ALWAYS {
-			req.Downstream = retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+		switch k := rng.IntN(len(g.policies) + 2); {
+		case k < len(g.policies):
+			p := g.policies[k]
+			req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: p}
+			if p.GetMode() == retrydv1.Mode_MODE_ALWAYS {
+				req.Downstream = retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+			}
+		case !g.file:
+			req.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: g.policies[0]}
+		case k == len(g.policies):
+			req.PolicySource = &retrydv1.FailedStepRequest_PolicyName{PolicyName: "relay"}
+		default: // the provider's policy, or the default one
+			if req.Provider == "groq" { // always mode
+				req.Downstream = retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+			}
 		}
 		s.last = req
 		op.kind, op.req = "fail", req
 	case r < 65 && s.last != nil: // the latest report again: a replay, or its always-mode follow-up
 		req := proto.CloneOf(s.last)
-		if req.GetPolicy().GetMode() == retrydv1.Mode_MODE_ALWAYS && rng.IntN(2) == 0 {
+		if req.GetDownstream() == retrydv1.Downstream_DOWNSTREAM_NOT_ASKED && rng.IntN(2) == 0 {
 			req.Downstream = retrydv1.Downstream_DOWNSTREAM_DECLINED
 			s.last = req
 		}
@@ -244,8 +315,10 @@ func (g *agreeGen) next(pending func(session string) bool) agreeOp {
 		op.kind = "cancel-session"
 	case r < 88:
 		op.kind, op.nth = "cancel-retry", rng.IntN(g.drawn/3+1)
-	case r < 93:
+	case r < 90:
 		op.kind = "chains"
+	case r < 93 && g.file:
+		op.kind, op.provider = "provider", g.providers[rng.IntN(len(g.providers))]
 	case r < 95: // time passes: enough for some backoffs to end
 		op.kind, op.advance = "advance", time.Duration(rng.IntN(40))*time.Minute+time.Duration(rng.IntN(1000))*time.Millisecond
 	case r < 97:
@@ -266,6 +339,7 @@ type deployment struct {
 	// restartable: a restart op replaces a replica (the memory store
 	// would start empty, so it ignores them).
 	restartable bool
+	policies    *config.Policies // the policy file, or nil
 	cfg         memory.Config
 	now         time.Time
 	nextID      int
@@ -288,9 +362,9 @@ type agreeReplica struct {
 
 var agreeRetryID = regexp.MustCompile(`rid-[0-9]+`)
 
-func newDeployment(t *testing.T, name string, start time.Time, replicas int, restartable bool,
+func newDeployment(t *testing.T, name string, start time.Time, policies *config.Policies, replicas int, restartable bool,
 	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)) *deployment {
-	d := &deployment{name: name, open: open, now: start, restartable: restartable,
+	d := &deployment{name: name, open: open, now: start, policies: policies, restartable: restartable,
 		seen: map[string]int{}, latest: map[string]string{}, due: map[string]time.Time{}}
 	var mu sync.Mutex
 	d.cfg = memory.Config{
@@ -329,7 +403,12 @@ func (constRand) Float64() float64 { return 0.5 }
 func (d *deployment) start(t *testing.T) *agreeReplica {
 	t.Helper()
 	store, closeStore := d.open(t, d.cfg)
-	svc, err := service.New(store)
+	// The service keeps the fleet's accounts on a clock of its own.
+	opts := []service.Option{service.WithClock(d.cfg.Now)}
+	if d.policies != nil {
+		opts = append(opts, service.WithPolicies(d.policies))
+	}
+	svc, err := service.New(store, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,9 +432,15 @@ func (d *deployment) start(t *testing.T) *agreeReplica {
 	}}
 }
 
-func fileDeployment(t *testing.T, start time.Time) *deployment {
+func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
 	dir := t.TempDir()
-	return newDeployment(t, "file (restarted)", start, 1, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+	// Its fleet state is the process's (README, "Fleet protection"): a
+	// restart would start it afresh, where the others keep theirs.
+	name, restartable := "file (restarted)", true
+	if policies != nil && policies.HasFleet() {
+		name, restartable = "file", false
+	}
+	return newDeployment(t, name, start, policies, 1, restartable, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
 		s, err := file.Open(dir, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -364,9 +449,9 @@ func fileDeployment(t *testing.T, start time.Time) *deployment {
 	})
 }
 
-func redisDeployment(t *testing.T, start time.Time) *deployment {
+func redisDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
 	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
-	return newDeployment(t, "redis (two replicas, replaced)", start, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+	return newDeployment(t, "redis (two replicas, replaced)", start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
 		s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix,
 			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand})
 		if err != nil {
@@ -421,6 +506,8 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 			Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: id}})
 	case "chains":
 		resp, err = r.client.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: op.session})
+	case "provider":
+		resp, err = r.client.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: op.provider})
 	case "advance":
 		d.advance(op.advance)
 		return "advanced"

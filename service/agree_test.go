@@ -8,7 +8,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,19 +36,22 @@ import (
 // sequence of calls, drawn as it runs (agreeGen), (failed steps, replays of a step, re-reports that
 // contradict one, always-mode hand-offs, successes, cancellations by
 // session and by retry, stale turns, reads, clock steps) goes to the
-// memory store, the file store, and two replicas of the Redis store that
-// share one Redis, over real gRPC; between calls the file store's
-// process is restarted from its files now and then, and a Redis replica
-// is replaced by a fresh one (which knows nothing and reads the
-// snapshots the other wrote). Every answer, error or not, and the whole
-// event log at the end must be the same on all of them, up to the retry
-// ids (each deployment draws its own, so ids are compared by order of
-// first appearance), and the invariant checker must pass on every log.
+// memory store, the file store, and pairs of Redis store replicas (on one
+// Redis, on one Redis with 4 partitions, on a Redis Cluster), over real
+// gRPC; between calls the file store's process is restarted from its
+// files now and then, and a Redis replica is replaced by a fresh one
+// (which knows nothing and reads the snapshots the other wrote). Every
+// answer, error or not, and the whole event log at the end must be the
+// same on all of them, up to the retry ids (each deployment draws its
+// own, so ids are compared by order of first appearance) and, with
+// partitions, the sequences; the invariant checker must pass on every
+// log.
 // It runs once with inline policies only, and once with a policy file
 // (a named policy, the default policy, a provider's policy) that turns
 // on fleet protection, whose budgets and pacing the Redis replicas share
 // through Redis; there the file store is not restarted, as its fleet
-// state is its process's.
+// state is its process's, and the partitioned layouts do not run, as the
+// service refuses fleet protection over partitions.
 //
 // The clock is a fake one that only the script moves; backoffs are ten
 // minutes or more, and the chain TTL and the abandon grace far longer
@@ -119,7 +124,12 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 			return s, func() error { s.Close(); return nil }
 		}),
 		fileDeployment(t, start, policies),
-		redisDeployment(t, start, policies),
+		redisDeployment(t, "redis (two replicas, replaced)", redistest.Shared(t).URL(0), false, start, policies),
+	}
+	if policies == nil { // fleet protection is refused over partitions (TestFleetRefusedOnPartitions)
+		deps = append(deps,
+			redisDeployment(t, "redis partitions=4 (two replicas, replaced)", redistest.Shared(t).URL(0)+"?partitions=4", true, start, nil),
+			redisDeployment(t, "redis cluster (two replicas, replaced)", redistest.SharedCluster(t).URL(), true, start, nil))
 	}
 	var script []agreeOp
 	answers := make([]string, len(deps))
@@ -127,16 +137,15 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 		op := gen.next(func(session string) bool { return deps[0].pending(t, session) })
 		script = append(script, op)
 		for d, dep := range deps {
-			answers[d] = dep.canon(dep.do(t, op))
+			answers[d] = dep.comparable(dep.canon(dep.do(t, op)))
 		}
 		for d := 1; d < len(deps); d++ {
-			if answers[d] != answers[0] {
+			if want := deps[d].comparable(answers[0]); answers[d] != want {
 				t.Fatalf("call %d, %s:\n%s answered\n  %s\n%s answered\n  %s\n(the calls before it: %v)",
-					i, op, deps[0].name, answers[0], deps[d].name, answers[d], script[max(0, i-8):i])
+					i, op, deps[0].name, want, deps[d].name, answers[d], script[max(0, i-8):i])
 			}
 		}
 	}
-	logs := make([]string, len(deps))
 	for d, dep := range deps {
 		events := dep.events(t)
 		if len(events) == 0 {
@@ -145,16 +154,31 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 		for _, v := range invariant.Check(events) {
 			t.Errorf("%s: invariant violation: %s", dep.name, v)
 		}
-		var b []byte
-		for _, ev := range events {
-			b = append(b, dep.canon(marshalCanon(ev))...)
-			b = append(b, '\n')
+		if d == 0 {
+			continue
 		}
-		logs[d] = string(b)
-		if d > 0 && logs[d] != logs[0] {
-			t.Errorf("the event logs differ:\n%s:\n%s\n%s:\n%s", deps[0].name, logs[0], dep.name, logs[d])
+		if got, want := dep.log(events, dep), deps[0].log(deps[0].events(t), dep); got != want {
+			t.Errorf("the event logs of %s and %s differ: %s", deps[0].name, dep.name, firstDifference(want, got))
 		}
 	}
+}
+
+// firstDifference describes the first line where two logs differ.
+func firstDifference(a, b string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	for i := range max(len(al), len(bl)) {
+		var x, y string
+		if i < len(al) {
+			x = al[i]
+		}
+		if i < len(bl) {
+			y = bl[i]
+		}
+		if x != y {
+			return fmt.Sprintf("line %d of %d and %d:\n  %s\n  %s", i+1, len(al), len(bl), x, y)
+		}
+	}
+	return "none"
 }
 
 // agreeOp is one call of the script. Which fields matter depends on kind.
@@ -339,6 +363,7 @@ type deployment struct {
 	// restartable: a restart op replaces a replica (the memory store
 	// would start empty, so it ignores them).
 	restartable bool
+	partitioned bool             // a Redis layout of several partitions
 	policies    *config.Policies // the policy file, or nil
 	cfg         memory.Config
 	now         time.Time
@@ -360,7 +385,13 @@ type agreeReplica struct {
 	close  func()
 }
 
-var agreeRetryID = regexp.MustCompile(`rid-[0-9]+`)
+var (
+	// agreeRetryID matches a retry id of the script's, with the partition
+	// a partitioned layout appends.
+	agreeRetryID = regexp.MustCompile(`rid-[0-9]+(-[0-9]+)?`)
+	// agreeSequence matches an event's sequence in an answer.
+	agreeSequence = regexp.MustCompile(`"sequence":\s*"[0-9]+"`)
+)
 
 func newDeployment(t *testing.T, name string, start time.Time, policies *config.Policies, replicas int, restartable bool,
 	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)) *deployment {
@@ -449,9 +480,11 @@ func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *d
 	})
 }
 
-func redisDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
-	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
-	return newDeployment(t, "redis (two replicas, replaced)", start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+// redisDeployment is two replicas on one Redis (or Cluster) at url;
+// partitioned says whether its layout has several partitions.
+func redisDeployment(t *testing.T, name, url string, partitioned bool, start time.Time, policies *config.Policies) *deployment {
+	prefix := redistest.Prefix()
+	d := newDeployment(t, name, start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
 		s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix,
 			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand})
 		if err != nil {
@@ -459,6 +492,8 @@ func redisDeployment(t *testing.T, start time.Time, policies *config.Policies) *
 		}
 		return s, s.Close
 	})
+	d.partitioned = partitioned
+	return d
 }
 
 // do makes one call on the deployment and returns its answer (a message
@@ -601,6 +636,33 @@ func (d *deployment) pending(t *testing.T, session string) bool {
 		}
 	}
 	return false
+}
+
+// comparable is what the deployment's canonical answer should be when
+// the reference's is ref: with partitions, sequences are not compared,
+// as each partition numbers its own events (README, "Storage").
+func (d *deployment) comparable(ref string) string {
+	if !d.partitioned {
+		return ref
+	}
+	return agreeSequence.ReplaceAllString(ref, `"sequence":"-"`)
+}
+
+// log renders an event log of this deployment, canonical, to compare
+// with other's (itself or the reference): as other's answers are
+// compared, and with partitions session by session, as only each
+// session's events are in one order there.
+func (d *deployment) log(events []*retrydv1.Event, other *deployment) string {
+	if other.partitioned {
+		events = slices.Clone(events)
+		slices.SortStableFunc(events, func(a, b *retrydv1.Event) int { return strings.Compare(a.GetSessionId(), b.GetSessionId()) })
+	}
+	var b strings.Builder
+	for _, ev := range events {
+		b.WriteString(other.comparable(d.canon(marshalCanon(ev))))
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 // events reads the deployment's whole event log from its first replica.

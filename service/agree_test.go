@@ -33,19 +33,21 @@ import (
 )
 
 // TestStoresAgree is a differential test of the stores. One random
-// sequence of calls, drawn as it runs (agreeGen), (failed steps, replays of a step, re-reports that
-// contradict one, always-mode hand-offs, successes, cancellations by
-// session and by retry, stale turns, reads, clock steps) goes to the
-// memory store, the file store, and pairs of Redis store replicas (on one
+// script of calls, drawn as it runs (agreeGen), goes to the memory
+// store, the file store, and pairs of Redis store replicas (on one
 // Redis, on one Redis with 4 partitions, on a Redis Cluster), over real
-// gRPC; between calls the file store's process is restarted from its
-// files now and then, and a Redis replica is replaced by a fresh one
-// (which knows nothing and reads the snapshots the other wrote). Every
-// answer, error or not, and the whole event log at the end must be the
-// same on all of them, up to the retry ids (each deployment draws its
-// own, so ids are compared by order of first appearance) and, with
-// partitions, the sequences; the invariant checker must pass on every
-// log.
+// gRPC: failed steps, replays of a step, re-reports that contradict one,
+// always-mode hand-offs, successes, cancellations by session and by
+// retry, stale turns, reads and clock steps, by two tenants whose
+// sessions have the same ids. Between calls the file store's process is
+// restarted from its files now and then, and a Redis replica is replaced
+// by a fresh one (which knows nothing and reads the snapshots the other
+// wrote). Every answer, error or not, and the whole event log at the
+// end must be the same on all of them, up to the retry ids (each
+// deployment draws its own, so ids are compared by order of first
+// appearance) and, with partitions, the sequences; the invariant checker
+// must pass on every log.
+//
 // It runs once with inline policies only, and once with a policy file
 // (a named policy, the default policy, a provider's policy) that turns
 // on fleet protection, whose budgets and pacing the Redis replicas share
@@ -134,7 +136,7 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 	var script []agreeOp
 	answers := make([]string, len(deps))
 	for i := range ops {
-		op := gen.next(func(session string) bool { return deps[0].pending(t, session) })
+		op := gen.next(func(tenant, session string) bool { return deps[0].pending(t, tenant, session) })
 		script = append(script, op)
 		for d, dep := range deps {
 			answers[d] = dep.comparable(dep.canon(dep.do(t, op)))
@@ -146,19 +148,21 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 			}
 		}
 	}
-	for d, dep := range deps {
-		events := dep.events(t)
-		if len(events) == 0 {
-			t.Fatalf("%s: empty event log", dep.name)
-		}
-		for _, v := range invariant.Check(events) {
-			t.Errorf("%s: invariant violation: %s", dep.name, v)
-		}
-		if d == 0 {
-			continue
-		}
-		if got, want := dep.log(events, dep), deps[0].log(deps[0].events(t), dep); got != want {
-			t.Errorf("the event logs of %s and %s differ: %s", deps[0].name, dep.name, firstDifference(want, got))
+	for _, tenant := range agreeTenants {
+		for d, dep := range deps {
+			events := dep.events(t, tenant)
+			if len(events) == 0 {
+				t.Fatalf("%s: tenant %q: empty event log", dep.name, tenant)
+			}
+			for _, v := range invariant.Check(events) {
+				t.Errorf("%s: tenant %q: invariant violation: %s", dep.name, tenant, v)
+			}
+			if d == 0 {
+				continue
+			}
+			if got, want := dep.log(events, dep), deps[0].log(deps[0].events(t, tenant), dep); got != want {
+				t.Errorf("tenant %q: the event logs of %s and %s differ: %s", tenant, deps[0].name, dep.name, firstDifference(want, got))
+			}
 		}
 	}
 }
@@ -183,7 +187,8 @@ func firstDifference(a, b string) string {
 
 // agreeOp is one call of the script. Which fields matter depends on kind.
 type agreeOp struct {
-	kind     string // fail, await, succeed, cancel-session, cancel-retry, chains, advance, restart
+	kind     string // fail, await, succeed, cancel-session, cancel-retry, chains, provider, advance, restart
+	tenant   string // the caller's tenant
 	req      *retrydv1.FailedStepRequest
 	session  string
 	turn     uint64
@@ -197,10 +202,10 @@ type agreeOp struct {
 func (op agreeOp) String() string {
 	switch op.kind {
 	case "fail":
-		return fmt.Sprintf("fail{%s %d/%d %s %s ds=%s}", op.req.GetSessionId(), op.req.GetTurn(), op.req.GetStep(),
+		return fmt.Sprintf("fail{%s%s %d/%d %s %s ds=%s}", op.tenant, op.req.GetSessionId(), op.req.GetTurn(), op.req.GetStep(),
 			op.req.GetProvider(), op.req.GetFailure().GetCode(), op.req.GetDownstream())
 	case "cancel-retry":
-		return fmt.Sprintf("cancel-retry{#%d}", op.nth)
+		return fmt.Sprintf("cancel-retry{%s#%d}", op.tenant, op.nth)
 	case "advance":
 		return "advance{" + op.advance.String() + "}"
 	case "restart":
@@ -208,7 +213,7 @@ func (op agreeOp) String() string {
 	case "provider":
 		return "provider{" + op.provider + "}"
 	}
-	return fmt.Sprintf("%s{%s %d/%d}", op.kind, op.session, op.turn, op.step)
+	return fmt.Sprintf("%s{%s%s %d/%d}", op.kind, op.tenant, op.session, op.turn, op.step)
 }
 
 // agreePolicies are inline policies without jitter and with backoffs of
@@ -252,7 +257,7 @@ type agreeSession struct {
 // file, reports for its groq provider and reads providers' fleet state.
 func newAgreeGen(seed uint64, file bool) *agreeGen {
 	g := &agreeGen{rng: rand.New(rand.NewPCG(seed, 0x5eed)), policies: agreePolicies(), file: file,
-		sessions:  make([]agreeSession, 4),
+		sessions:  make([]agreeSession, 3*len(agreeTenants)),
 		codes:     []string{"RATE_LIMIT", "SERVER", "TIMEOUT", "TRANSPORT", "INVALID_REQUEST", "HTTP_529"},
 		providers: []string{"deepseek", "openai"}}
 	if file {
@@ -264,16 +269,29 @@ func newAgreeGen(seed uint64, file bool) *agreeGen {
 	return g
 }
 
-// next draws the next call; pending reports whether a session has a
-// pending retry.
-func (g *agreeGen) next(pending func(session string) bool) agreeOp {
+// agreeCaller is the context of a call as tenant ("": no tenant, as
+// without authentication).
+func agreeCaller(tenant string) context.Context {
+	if tenant == "" {
+		return context.Background()
+	}
+	return as(tenant)
+}
+
+// agreeTenants are the script's tenants ("" is the default one); each
+// has sessions of the same ids as the others'.
+var agreeTenants = []string{"", "acme"}
+
+// next draws the next call; pending reports whether a tenant's session
+// has a pending retry.
+func (g *agreeGen) next(pending func(tenant, session string) bool) agreeOp {
 	g.drawn++
 	rng := g.rng
 	i := rng.IntN(len(g.sessions))
 	s := &g.sessions[i]
-	id := "agree-" + strconv.Itoa(i)
-	op := agreeOp{session: id, turn: s.turn, step: s.step, replica: rng.IntN(2)}
-	if pending(id) {
+	tenant, id := agreeTenants[i%len(agreeTenants)], "agree-"+strconv.Itoa(i/len(agreeTenants))
+	op := agreeOp{tenant: tenant, session: id, turn: s.turn, step: s.step, replica: rng.IntN(2)}
+	if pending(tenant, id) {
 		switch r := rng.IntN(100); {
 		case r < 60:
 			op.kind = "await"
@@ -443,7 +461,7 @@ func (d *deployment) start(t *testing.T) *agreeReplica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(testTenantUnary), grpc.ChainStreamInterceptor(testTenantStream))
 	retrydv1.RegisterRetryServiceServer(srv, svc)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -501,7 +519,7 @@ func redisDeployment(t *testing.T, name, url string, partitioned bool, start tim
 func (d *deployment) do(t *testing.T, op agreeOp) string {
 	t.Helper()
 	r := d.replicas[op.replica%len(d.replicas)]
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(agreeCaller(op.tenant), 10*time.Second)
 	defer cancel()
 	var resp proto.Message
 	var err error
@@ -510,7 +528,7 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 		var fr *retrydv1.FailedStepResponse
 		fr, err = r.client.FailedStep(ctx, op.req)
 		if s := fr.GetDecision().GetSchedule(); s != nil {
-			d.latest[op.req.GetSessionId()] = s.GetRetryId()
+			d.latest[op.tenant+"/"+op.session] = s.GetRetryId()
 			d.due[s.GetRetryId()] = s.GetDueAt().AsTime()
 		}
 		resp = fr
@@ -519,7 +537,7 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 		// time) and then awaits: the stream ends at once (a due retry
 		// starts for its first awaiter), where a stream that waited would
 		// race the next call.
-		id, ok := d.latest[op.session]
+		id, ok := d.latest[op.tenant+"/"+op.session]
 		if !ok {
 			return "no retry"
 		}
@@ -619,9 +637,9 @@ func (d *deployment) canon(s string) string {
 
 // pending reports whether the session has a pending retry, read with
 // GetChains (not a call of the script).
-func (d *deployment) pending(t *testing.T, session string) bool {
+func (d *deployment) pending(t *testing.T, tenant, session string) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(agreeCaller(tenant), 10*time.Second)
 	defer cancel()
 	resp, err := d.replicas[0].client.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
 	if status.Code(err) == codes.NotFound {
@@ -666,9 +684,9 @@ func (d *deployment) log(events []*retrydv1.Event, other *deployment) string {
 }
 
 // events reads the deployment's whole event log from its first replica.
-func (d *deployment) events(t *testing.T) []*retrydv1.Event {
+func (d *deployment) events(t *testing.T, tenant string) []*retrydv1.Event {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(agreeCaller(tenant), 10*time.Second)
 	defer cancel()
 	evs, err := retrydtest.Events(ctx, d.replicas[0].conn, "")
 	if err != nil {

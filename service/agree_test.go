@@ -121,10 +121,7 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 	gen := newAgreeGen(seed, policies != nil)
 	start := time.Now().Truncate(time.Millisecond) // every deployment's clock starts here
 	deps := []*deployment{
-		newDeployment(t, "memory", start, policies, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
-			s := memory.New(cfg)
-			return s, func() error { s.Close(); return nil }
-		}),
+		memoryDeployment(t, start, policies),
 		fileDeployment(t, start, policies),
 		redisDeployment(t, "redis (two replicas, replaced)", redistest.Shared(t).URL(0), false, start, policies),
 	}
@@ -479,6 +476,15 @@ func (d *deployment) start(t *testing.T) *agreeReplica {
 			t.Errorf("%s: closing the store: %v", d.name, err)
 		}
 	}}
+}
+
+// memoryDeployment is the reference: the memory store, never restarted
+// (it would start empty).
+func memoryDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
+	return newDeployment(t, "memory", start, policies, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+		s := memory.New(cfg)
+		return s, func() error { s.Close(); return nil }
+	})
 }
 
 func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {

@@ -136,7 +136,7 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 		op := gen.next(func(tenant, session string) bool { return deps[0].pending(t, tenant, session) })
 		script = append(script, op)
 		for d, dep := range deps {
-			answers[d] = dep.comparable(dep.canon(dep.do(t, op)))
+			answers[d] = dep.comparable(dep.canon(op, dep.do(t, op)))
 		}
 		for d := 1; d < len(deps); d++ {
 			if want := deps[d].comparable(answers[0]); answers[d] != want {
@@ -157,10 +157,102 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 			if d == 0 {
 				continue
 			}
-			if got, want := dep.log(events, dep), deps[0].log(deps[0].events(t, tenant), dep); got != want {
+			if got, want := dep.log(tenant, events, dep), deps[0].log(tenant, deps[0].events(t, tenant), dep); got != want {
 				t.Errorf("tenant %q: the event logs of %s and %s differ: %s", tenant, deps[0].name, dep.name, firstDifference(want, got))
 			}
 		}
+	}
+}
+
+// TestStoresAgreeConcurrently is TestStoresAgree with the calls of
+// different sessions made at once, as a fleet makes them: the script
+// runs in rounds, each one call per session (two tenants, three sessions
+// each), all of a round's calls at once on every deployment but the
+// reference, which makes them one by one. That is what the stores' group
+// commits batch: several sessions' changes in one write (one Redis
+// script, one file transaction), with conflicts between two Redis
+// replicas that share the sequence counter or a partition. Each session's
+// answers and events must be the memory store's, up to the ids and
+// sequences (which the interleaving numbers). The clock moves between
+// rounds only, so a retry is awaited once a later round finds it due.
+// Inline policies only: a fleet budget is shared across sessions, so its
+// answers would follow the interleaving.
+func TestStoresAgreeConcurrently(t *testing.T) {
+	seeds, rounds := 4, 40
+	if testing.Short() {
+		seeds, rounds = 1, 20
+	}
+	for seed := range seeds {
+		t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
+			t.Parallel()
+			gen := newAgreeGen(uint64(seed), false)
+			between := rand.New(rand.NewPCG(uint64(seed), 0xc0ffee)) // clock steps and restarts
+			start := time.Now().Truncate(time.Millisecond)
+			deps := []*deployment{
+				memoryDeployment(t, start, nil),
+				fileDeployment(t, start, nil),
+				redisDeployment(t, "redis (two replicas, replaced)", redistest.Shared(t).URL(0), false, start, nil),
+				redisDeployment(t, "redis partitions=4 (two replicas, replaced)", redistest.Shared(t).URL(0)+"?partitions=4", true, start, nil),
+				redisDeployment(t, "redis cluster (two replicas, replaced)", redistest.SharedCluster(t).URL(), true, start, nil),
+			}
+			for _, d := range deps {
+				d.perSession = true
+			}
+			pending := func(tenant, session string) bool { return deps[0].pending(t, tenant, session) }
+			for round := range rounds {
+				ops := make([]agreeOp, len(gen.sessions))
+				for i := range ops {
+					ops[i] = gen.nextFor(i, pending)
+					if k := ops[i].kind; k == "advance" || k == "restart" { // between rounds only
+						ops[i].kind = "chains"
+					}
+				}
+				answers := make([][]string, len(deps))
+				for d, dep := range deps {
+					answers[d] = make([]string, len(ops))
+					if d == 0 {
+						for i, op := range ops {
+							answers[d][i] = dep.comparable(dep.canon(op, dep.do(t, op)))
+						}
+						continue
+					}
+					var wg sync.WaitGroup
+					for i, op := range ops {
+						wg.Go(func() { answers[d][i] = dep.comparable(dep.canon(op, dep.do(t, op))) })
+					}
+					wg.Wait()
+				}
+				for d := 1; d < len(deps); d++ {
+					for i, op := range ops {
+						if want := deps[d].comparable(answers[0][i]); answers[d][i] != want {
+							t.Fatalf("round %d, %s:\n%s answered\n  %s\n%s answered\n  %s\n(the round: %v)",
+								round, op, deps[0].name, want, deps[d].name, answers[d][i], ops)
+						}
+					}
+				}
+				step := time.Duration(5+between.IntN(20)) * time.Minute
+				restart := agreeOp{kind: "restart", replica: between.IntN(2)}
+				restarting := between.IntN(5) == 0
+				for _, dep := range deps {
+					dep.advance(step)
+					if restarting {
+						dep.do(t, restart)
+					}
+				}
+			}
+			for _, tenant := range agreeTenants {
+				want := deps[0].log(tenant, deps[0].events(t, tenant), deps[0])
+				for _, dep := range deps[1:] {
+					events := dep.events(t, tenant)
+					for _, v := range invariant.Check(events) {
+						t.Errorf("%s: tenant %q: invariant violation: %s", dep.name, tenant, v)
+					}
+					if got := dep.log(tenant, events, dep); got != want {
+						t.Errorf("tenant %q: the event logs of %s and %s differ: %s", tenant, deps[0].name, dep.name, firstDifference(want, got))
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -197,12 +289,16 @@ type agreeOp struct {
 }
 
 func (op agreeOp) String() string {
+	who := op.session
+	if op.tenant != "" {
+		who = op.tenant + "/" + op.session
+	}
 	switch op.kind {
 	case "fail":
-		return fmt.Sprintf("fail{%s%s %d/%d %s %s ds=%s}", op.tenant, op.req.GetSessionId(), op.req.GetTurn(), op.req.GetStep(),
+		return fmt.Sprintf("fail{%s %d/%d %s %s ds=%s}", who, op.req.GetTurn(), op.req.GetStep(),
 			op.req.GetProvider(), op.req.GetFailure().GetCode(), op.req.GetDownstream())
 	case "cancel-retry":
-		return fmt.Sprintf("cancel-retry{%s#%d}", op.tenant, op.nth)
+		return fmt.Sprintf("cancel-retry{%s #%d}", who, op.nth)
 	case "advance":
 		return "advance{" + op.advance.String() + "}"
 	case "restart":
@@ -210,7 +306,7 @@ func (op agreeOp) String() string {
 	case "provider":
 		return "provider{" + op.provider + "}"
 	}
-	return fmt.Sprintf("%s{%s%s %d/%d}", op.kind, op.tenant, op.session, op.turn, op.step)
+	return fmt.Sprintf("%s{%s %d/%d}", op.kind, who, op.turn, op.step)
 }
 
 // agreePolicies are inline policies without jitter and with backoffs of
@@ -282,9 +378,13 @@ var agreeTenants = []string{"", "acme"}
 // next draws the next call; pending reports whether a tenant's session
 // has a pending retry.
 func (g *agreeGen) next(pending func(tenant, session string) bool) agreeOp {
+	return g.nextFor(g.rng.IntN(len(g.sessions)), pending)
+}
+
+// nextFor draws the next call of the ith session.
+func (g *agreeGen) nextFor(i int, pending func(tenant, session string) bool) agreeOp {
 	g.drawn++
 	rng := g.rng
-	i := rng.IntN(len(g.sessions))
 	s := &g.sessions[i]
 	tenant, id := agreeTenants[i%len(agreeTenants)], "agree-"+strconv.Itoa(i/len(agreeTenants))
 	op := agreeOp{tenant: tenant, session: id, turn: s.turn, step: s.step, replica: rng.IntN(2)}
@@ -385,13 +485,54 @@ type deployment struct {
 	nextID      int
 	advance     func(time.Duration) // moves the fake clock
 	replicas    []*agreeReplica
-	// ids are the retry ids the deployment answered, by first appearance.
-	ids  []string
-	seen map[string]int
+	// mu guards what follows, which calls of several sessions at once
+	// (TestStoresAgreeConcurrently) update.
+	mu sync.Mutex
+	// ids are the retry ids the deployment answered, by first appearance:
+	// all of them in one book, or with perSession one book per session
+	// (tenant/session), as the order across sessions is then the
+	// scheduler's.
+	perSession bool
+	ids        *idBook
+	books      map[string]*idBook
 	// latest is each session's latest scheduled retry, and due when it
 	// falls due.
 	latest map[string]string
 	due    map[string]time.Time
+}
+
+// idBook numbers retry ids by first appearance.
+type idBook struct {
+	ids  []string
+	seen map[string]int
+}
+
+// canon replaces the retry ids in s by their numbers in b.
+func (b *idBook) canon(s string) string {
+	return agreeRetryID.ReplaceAllStringFunc(s, func(id string) string {
+		n, ok := b.seen[id]
+		if !ok {
+			n = len(b.ids)
+			b.seen[id] = n
+			b.ids = append(b.ids, id)
+		}
+		return "R" + strconv.Itoa(n)
+	})
+}
+
+// book returns the id book of a tenant's session.
+func (d *deployment) book(tenant, session string) *idBook {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.perSession {
+		return d.ids
+	}
+	b := d.books[tenant+"/"+session]
+	if b == nil {
+		b = &idBook{seen: map[string]int{}}
+		d.books[tenant+"/"+session] = b
+	}
+	return b
 }
 
 type agreeReplica struct {
@@ -411,7 +552,8 @@ var (
 func newDeployment(t *testing.T, name string, start time.Time, policies *config.Policies, replicas int, restartable bool,
 	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)) *deployment {
 	d := &deployment{name: name, open: open, now: start, policies: policies, restartable: restartable,
-		seen: map[string]int{}, latest: map[string]string{}, due: map[string]time.Time{}}
+		ids: &idBook{seen: map[string]int{}}, books: map[string]*idBook{},
+		latest: map[string]string{}, due: map[string]time.Time{}}
 	var mu sync.Mutex
 	d.cfg = memory.Config{
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return d.now },
@@ -534,8 +676,10 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 		var fr *retrydv1.FailedStepResponse
 		fr, err = r.client.FailedStep(ctx, op.req)
 		if s := fr.GetDecision().GetSchedule(); s != nil {
+			d.mu.Lock()
 			d.latest[op.tenant+"/"+op.session] = s.GetRetryId()
 			d.due[s.GetRetryId()] = s.GetDueAt().AsTime()
+			d.mu.Unlock()
 		}
 		resp = fr
 	case "await":
@@ -543,12 +687,18 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 		// time) and then awaits: the stream ends at once (a due retry
 		// starts for its first awaiter), where a stream that waited would
 		// race the next call.
+		d.mu.Lock()
 		id, ok := d.latest[op.tenant+"/"+op.session]
+		due := d.due[id]
+		d.mu.Unlock()
 		if !ok {
 			return "no retry"
 		}
-		if due := d.due[id]; d.cfg.Now().Before(due) {
-			d.advance(due.Sub(d.cfg.Now()))
+		if now := d.cfg.Now(); now.Before(due) {
+			if d.perSession {
+				return "not due" // the clock moves between rounds only
+			}
+			d.advance(due.Sub(now))
 		}
 		return d.await(ctx, t, r, id)
 	case "succeed":
@@ -558,9 +708,14 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 			Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: op.session}})
 	case "cancel-retry":
 		id := "rid-unknown"
-		if op.nth < len(d.ids) {
-			id = d.ids[op.nth]
+		b := d.book(op.tenant, op.session)
+		d.mu.Lock()
+		if n := len(b.ids); d.perSession && n > 0 {
+			id = b.ids[op.nth%n]
+		} else if op.nth < n {
+			id = b.ids[op.nth]
 		}
+		d.mu.Unlock()
 		resp, err = r.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
 			Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: id}})
 	case "chains":
@@ -627,18 +782,9 @@ func marshalCanon(m proto.Message) string {
 	return string(b)
 }
 
-// canon replaces the deployment's retry ids in s by their order of first
-// appearance.
-func (d *deployment) canon(s string) string {
-	return agreeRetryID.ReplaceAllStringFunc(s, func(id string) string {
-		n, ok := d.seen[id]
-		if !ok {
-			n = len(d.ids)
-			d.seen[id] = n
-			d.ids = append(d.ids, id)
-		}
-		return "R" + strconv.Itoa(n)
-	})
+// canon replaces the retry ids in an answer to op by their numbers.
+func (d *deployment) canon(op agreeOp, s string) string {
+	return d.book(op.tenant, op.session).canon(s)
 }
 
 // pending reports whether the session has a pending retry, read with
@@ -666,7 +812,7 @@ func (d *deployment) pending(t *testing.T, tenant, session string) bool {
 // the reference's is ref: with partitions, sequences are not compared,
 // as each partition numbers its own events (README, "Storage").
 func (d *deployment) comparable(ref string) string {
-	if !d.partitioned {
+	if !d.partitioned && !d.perSession {
 		return ref
 	}
 	return agreeSequence.ReplaceAllString(ref, `"sequence":"-"`)
@@ -676,14 +822,14 @@ func (d *deployment) comparable(ref string) string {
 // with other's (itself or the reference): as other's answers are
 // compared, and with partitions session by session, as only each
 // session's events are in one order there.
-func (d *deployment) log(events []*retrydv1.Event, other *deployment) string {
-	if other.partitioned {
+func (d *deployment) log(tenant string, events []*retrydv1.Event, other *deployment) string {
+	if other.partitioned || other.perSession {
 		events = slices.Clone(events)
 		slices.SortStableFunc(events, func(a, b *retrydv1.Event) int { return strings.Compare(a.GetSessionId(), b.GetSessionId()) })
 	}
 	var b strings.Builder
 	for _, ev := range events {
-		b.WriteString(other.comparable(d.canon(marshalCanon(ev))))
+		b.WriteString(other.comparable(d.book(tenant, ev.GetSessionId()).canon(marshalCanon(ev))))
 		b.WriteByte('\n')
 	}
 	return b.String()

@@ -810,7 +810,8 @@ func (d *deployment) pending(t *testing.T, tenant, session string) bool {
 
 // comparable is what the deployment's canonical answer should be when
 // the reference's is ref: with partitions, sequences are not compared,
-// as each partition numbers its own events (README, "Storage").
+// as each partition numbers its own events (README, "Storage"), nor when
+// sessions call at once, as the interleaving numbers them.
 func (d *deployment) comparable(ref string) string {
 	if !d.partitioned && !d.perSession {
 		return ref
@@ -820,8 +821,8 @@ func (d *deployment) comparable(ref string) string {
 
 // log renders an event log of this deployment, canonical, to compare
 // with other's (itself or the reference): as other's answers are
-// compared, and with partitions session by session, as only each
-// session's events are in one order there.
+// compared, and session by session where only each session's events are
+// in one order (with partitions, or sessions that call at once).
 func (d *deployment) log(tenant string, events []*retrydv1.Event, other *deployment) string {
 	if other.partitioned || other.perSession {
 		events = slices.Clone(events)

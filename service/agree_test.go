@@ -1,8 +1,10 @@
 package service_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -30,6 +32,15 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+)
+
+// Longer runs of TestStoresAgree and TestStoresAgreeConcurrently, e.g.
+//
+//	go test -run StoresAgree ./service/ -args -agree.seeds=100 -agree.calls=1000 -agree.rounds=150
+var (
+	agreeSeeds  = flag.Int("agree.seeds", 0, "seeds per variant of TestStoresAgree*; 0: the default")
+	agreeCalls  = flag.Int("agree.calls", 0, "calls per seed of TestStoresAgree; 0: the default")
+	agreeRounds = flag.Int("agree.rounds", 0, "rounds per seed of TestStoresAgreeConcurrently; 0: the default")
 )
 
 // TestStoresAgree is a differential test of the stores. One random
@@ -69,6 +80,7 @@ func TestStoresAgree(t *testing.T) {
 	if testing.Short() {
 		seeds, ops = 2, 150
 	}
+	seeds, ops = cmp.Or(*agreeSeeds, seeds), cmp.Or(*agreeCalls, ops)
 	for _, v := range []struct {
 		name     string
 		policies string // a policy file, or none
@@ -182,6 +194,7 @@ func TestStoresAgreeConcurrently(t *testing.T) {
 	if testing.Short() {
 		seeds, rounds = 1, 20
 	}
+	seeds, rounds = cmp.Or(*agreeSeeds, seeds), cmp.Or(*agreeRounds, rounds)
 	for seed := range seeds {
 		t.Run("seed="+strconv.Itoa(seed), func(t *testing.T) {
 			t.Parallel()

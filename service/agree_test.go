@@ -157,7 +157,16 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 			}
 		}
 	}
+	compareLogs(t, deps)
+}
+
+// compareLogs checks each tenant's event log on every deployment: not
+// empty, no invariant violated, and the same as the reference's (deps[0])
+// as the deployment's answers are compared.
+func compareLogs(t *testing.T, deps []*deployment) {
+	t.Helper()
 	for _, tenant := range agreeTenants {
+		var ref []*retrydv1.Event
 		for d, dep := range deps {
 			events := dep.events(t, tenant)
 			if len(events) == 0 {
@@ -167,9 +176,10 @@ func testStoresAgree(t *testing.T, policyFile string, seed uint64, ops int) {
 				t.Errorf("%s: tenant %q: invariant violation: %s", dep.name, tenant, v)
 			}
 			if d == 0 {
+				ref = events
 				continue
 			}
-			if got, want := dep.log(tenant, events, dep), deps[0].log(tenant, deps[0].events(t, tenant), dep); got != want {
+			if got, want := dep.log(tenant, events, dep), deps[0].log(tenant, ref, dep); got != want {
 				t.Errorf("tenant %q: the event logs of %s and %s differ: %s", tenant, deps[0].name, dep.name, firstDifference(want, got))
 			}
 		}
@@ -253,18 +263,7 @@ func TestStoresAgreeConcurrently(t *testing.T) {
 					}
 				}
 			}
-			for _, tenant := range agreeTenants {
-				want := deps[0].log(tenant, deps[0].events(t, tenant), deps[0])
-				for _, dep := range deps[1:] {
-					events := dep.events(t, tenant)
-					for _, v := range invariant.Check(events) {
-						t.Errorf("%s: tenant %q: invariant violation: %s", dep.name, tenant, v)
-					}
-					if got := dep.log(tenant, events, dep); got != want {
-						t.Errorf("tenant %q: the event logs of %s and %s differ: %s", tenant, deps[0].name, dep.name, firstDifference(want, got))
-					}
-				}
-			}
+			compareLogs(t, deps)
 		})
 	}
 }
@@ -492,22 +491,22 @@ type deployment struct {
 	// would start empty, so it ignores them).
 	restartable bool
 	partitioned bool             // a Redis layout of several partitions
+	perSession  bool             // sessions call at once: ids and sequences per session
 	policies    *config.Policies // the policy file, or nil
 	cfg         memory.Config
-	now         time.Time
-	nextID      int
-	advance     func(time.Duration) // moves the fake clock
 	replicas    []*agreeReplica
-	// mu guards what follows, which calls of several sessions at once
-	// (TestStoresAgreeConcurrently) update.
-	mu sync.Mutex
+	// mu guards what follows: the stores read the clock and draw ids from
+	// their own goroutines, and calls of several sessions at once
+	// (TestStoresAgreeConcurrently) update the rest.
+	mu     sync.Mutex
+	now    time.Time // the fake clock
+	nextID int
 	// ids are the retry ids the deployment answered, by first appearance:
 	// all of them in one book, or with perSession one book per session
 	// (tenant/session), as the order across sessions is then the
 	// scheduler's.
-	perSession bool
-	ids        *idBook
-	books      map[string]*idBook
+	ids   *idBook
+	books map[string]*idBook
 	// latest is each session's latest scheduled retry, and due when it
 	// falls due.
 	latest map[string]string
@@ -567,12 +566,11 @@ func newDeployment(t *testing.T, name string, start time.Time, policies *config.
 	d := &deployment{name: name, open: open, now: start, policies: policies, restartable: restartable,
 		ids: &idBook{seen: map[string]int{}}, books: map[string]*idBook{},
 		latest: map[string]string{}, due: map[string]time.Time{}}
-	var mu sync.Mutex
 	d.cfg = memory.Config{
-		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return d.now },
+		Now: d.clock,
 		NewID: func() string {
-			mu.Lock()
-			defer mu.Unlock()
+			d.mu.Lock()
+			defer d.mu.Unlock()
 			d.nextID++
 			return fmt.Sprintf("rid-%06d", d.nextID)
 		},
@@ -583,7 +581,6 @@ func newDeployment(t *testing.T, name string, start time.Time, policies *config.
 		AbandonGrace: 1000 * time.Hour,
 		ChainTTL:     1000 * time.Hour,
 	}
-	d.advance = func(by time.Duration) { mu.Lock(); defer mu.Unlock(); d.now = d.now.Add(by) }
 	for range replicas {
 		d.replicas = append(d.replicas, d.start(t))
 	}
@@ -593,6 +590,20 @@ func newDeployment(t *testing.T, name string, start time.Time, policies *config.
 		}
 	})
 	return d
+}
+
+// clock reads the deployment's fake clock.
+func (d *deployment) clock() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.now
+}
+
+// advance moves the fake clock on.
+func (d *deployment) advance(by time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.now = d.now.Add(by)
 }
 
 // constRand is a jitter source that always draws the middle.
@@ -707,7 +718,7 @@ func (d *deployment) do(t *testing.T, op agreeOp) string {
 		if !ok {
 			return "no retry"
 		}
-		if now := d.cfg.Now(); now.Before(due) {
+		if now := d.clock(); now.Before(due) {
 			if d.perSession {
 				return "not due" // the clock moves between rounds only
 			}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+
+	"github.com/retryd/retryd/internal/retrydtest"
+)
+
+// walkStep is one command of the README's walk-through and the output the
+// README shows for it.
+type walkStep struct {
+	command, output string
+}
+
+// walkthrough returns the commands of the README section "Walk-through
+// with grpcurl", in order: in each ```sh block, a command begins at a
+// line "$ " and ends at the first line that names the server's address
+// (every command of the section ends with it); the lines up to the next
+// command are its output.
+func walkthrough(t *testing.T, readme string) []walkStep {
+	t.Helper()
+	const heading = "### Walk-through with grpcurl\n"
+	i := strings.Index(readme, heading)
+	if i < 0 {
+		t.Fatalf("README has no %q", strings.TrimSpace(heading))
+	}
+	section := readme[i+len(heading):]
+	if j := strings.Index(section, "\n## "); j >= 0 {
+		section = section[:j]
+	}
+	var steps []walkStep
+	blocks := strings.Split(section, "```")
+	for b := 1; b < len(blocks); b += 2 { // the odd parts are inside fences
+		lines := strings.Split(strings.TrimPrefix(blocks[b], "sh\n"), "\n")
+		for k := 0; k < len(lines); k++ {
+			if !strings.HasPrefix(lines[k], "$ ") {
+				continue
+			}
+			cmd := []string{strings.TrimPrefix(lines[k], "$ ")}
+			for !strings.Contains(lines[k], "localhost:7700") && k+1 < len(lines) {
+				k++
+				cmd = append(cmd, lines[k])
+			}
+			var out []string
+			for k+1 < len(lines) && !strings.HasPrefix(lines[k+1], "$ ") {
+				k++
+				out = append(out, lines[k])
+			}
+			steps = append(steps, walkStep{strings.Join(cmd, "\n"), strings.Join(out, "\n")})
+		}
+	}
+	return steps
+}
+
+var (
+	// retryIDPattern matches a whole retry id (26 characters of base32).
+	retryIDPattern = regexp.MustCompile(`\b[A-Z2-7]{26}\b`)
+	// shownField matches a field the README shows with a scalar value,
+	// quoted (JSON) or not (grpcurl's error details): key, value.
+	shownField = regexp.MustCompile(`"?([A-Za-z_][A-Za-z0-9_]*)"?: ("(?:[^"\\]|\\.)*"|-?[0-9][0-9.]*\b|true\b|false\b)`)
+)
+
+// volatileFields differ from run to run: ids (mapped, not compared), times
+// and jittered delays.
+var volatileFields = map[string]bool{"retryId": true, "dueAt": true, "startedAt": true, "time": true, "delayMs": true}
+
+// expectations lists what an output the README shows promises: for every
+// field shown with a scalar value (but the volatile ones), a pattern the
+// real output must match; for every line of plain text ("ERROR:", "Code:
+// …", the verifier's summary), that line. A value or line cut short with
+// "…" promises its beginning only.
+func expectations(shown string) (fields []*regexp.Regexp, lines []string) {
+	for _, m := range shownField.FindAllStringSubmatch(shown, -1) {
+		key, value := m[1], m[2]
+		if volatileFields[key] {
+			continue
+		}
+		pattern := regexp.QuoteMeta(`"`+key+`": `) + regexp.QuoteMeta(value) + `(?:[,}\]\s]|$)`
+		if cut, ok := strings.CutSuffix(value, `…"`); ok {
+			pattern = regexp.QuoteMeta(`"` + key + `": ` + cut)
+		}
+		fields = append(fields, regexp.MustCompile(pattern))
+	}
+	for _, line := range strings.Split(shown, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.ContainsAny(line, `{}"`) || !strings.ContainsFunc(line, unicode.IsLetter) {
+			continue
+		}
+		line, _, _ = strings.Cut(line, "…")
+		lines = append(lines, line)
+	}
+	return fields, lines
+}
+
+// TestREADMEWalkthrough runs the README's grpcurl walk-through as a new
+// user would, in order, against the built server: the pinned grpcurl for
+// `grpcurl`, the built binary for `go run ./cmd/retryd`, the server's
+// address for localhost:7700, and the retry ids this server handed out for
+// those the README shows. Every field the README shows (but ids, times and
+// jittered delays) must be in the real answer, and every line of plain text
+// in the real output; then the invariant checker runs over the log.
+func TestREADMEWalkthrough(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the pinned grpcurl and the server")
+	}
+	t.Parallel()
+	root, err := retrydtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := walkthrough(t, string(readme))
+	if len(steps) < 7 {
+		t.Fatalf("found %d commands in the README's walk-through, want the 7 it had when this test was written: is the parser still right?", len(steps))
+	}
+	grpcurl := pinnedGrpcurl(t, root)
+	retryd := retrydtest.Binary(t)
+	srv := retrydtest.Start(t)
+
+	ids := map[string]string{} // the README's retry ids → this server's
+	checked := 0
+	for n, step := range steps {
+		cmd := strings.ReplaceAll(step.command, "localhost:7700", srv.Addr)
+		cmd = strings.Replace(cmd, "go run ./cmd/retryd", retryd, 1)
+		for shown, real := range ids {
+			cmd = strings.ReplaceAll(cmd, shown, real)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		run := exec.CommandContext(ctx, "bash", "-c", `grpcurl() { "$GRPCURL" "$@"; }`+"\n"+cmd)
+		run.Env = append(os.Environ(), "GRPCURL="+grpcurl)
+		run.Dir = root
+		out, err := run.CombinedOutput()
+		cancel()
+		name := fmt.Sprintf("command %d (%s)", n+1, firstLine(step.command))
+		if wantErr := strings.HasPrefix(strings.TrimSpace(step.output), "ERROR:"); (err != nil) != wantErr {
+			t.Errorf("%s: exit %v, want failure %v\n%s", name, err, wantErr, out)
+			continue
+		}
+		shownIDs, realIDs := firstAppearances(step.output), firstAppearances(string(out))
+		if len(shownIDs) > len(realIDs) {
+			t.Errorf("%s: the README shows retry ids %v, the server answered %v", name, shownIDs, realIDs)
+		}
+		for i := range min(len(shownIDs), len(realIDs)) {
+			ids[shownIDs[i]] = realIDs[i]
+		}
+		fields, lines := expectations(step.output)
+		if len(fields)+len(lines) == 0 {
+			t.Errorf("%s: the README shows nothing to check", name)
+		}
+		for _, f := range fields {
+			if !f.Match(out) {
+				t.Errorf("%s: the README shows %s; the server answered:\n%s", name, f, out)
+			}
+		}
+		for _, l := range lines {
+			if !bytes.Contains(out, []byte(l)) {
+				t.Errorf("%s: the README shows %q; the output was:\n%s", name, l, out)
+			}
+		}
+		checked += len(fields) + len(lines)
+	}
+	t.Logf("%d commands, %d shown fields and lines checked", len(steps), checked)
+	retrydtest.Verify(t, srv.Conn(t))
+}
+
+// firstAppearances lists the retry ids in s, each once, in order.
+func firstAppearances(s string) []string {
+	var ids []string
+	seen := map[string]bool{}
+	for _, id := range retryIDPattern.FindAllString(s, -1) {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
+
+// pinnedGrpcurl returns the grpcurl of tools/protoc/go.mod: `go tool -n`
+// builds it into the Go build cache and prints its path.
+func pinnedGrpcurl(t *testing.T, root string) string {
+	t.Helper()
+	cmd := exec.Command("go", "tool", "-n", "-modfile=tools/protoc/go.mod", "grpcurl")
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go tool -n -modfile=tools/protoc/go.mod grpcurl: %v\n%s", err, stderr.String())
+	}
+	return strings.TrimSpace(string(out))
+}

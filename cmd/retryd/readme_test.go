@@ -126,7 +126,10 @@ func TestREADMEWalkthrough(t *testing.T) {
 	if len(steps) < 7 {
 		t.Fatalf("found %d commands in the README's walk-through, want the 7 it had when this test was written: is the parser still right?", len(steps))
 	}
-	grpcurl := pinnedGrpcurl(t, root)
+	grpcurl, err := retrydtest.PinnedTool("tools/protoc/go.mod", "grpcurl")
+	if err != nil {
+		t.Fatal(err)
+	}
 	retryd := retrydtest.Binary(t)
 	srv := retrydtest.Start(t)
 
@@ -192,19 +195,4 @@ func firstAppearances(s string) []string {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
-}
-
-// pinnedGrpcurl returns the grpcurl of tools/protoc/go.mod: `go tool -n`
-// builds it into the Go build cache and prints its path.
-func pinnedGrpcurl(t *testing.T, root string) string {
-	t.Helper()
-	cmd := exec.Command("go", "tool", "-n", "-modfile=tools/protoc/go.mod", "grpcurl")
-	cmd.Dir = root
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go tool -n -modfile=tools/protoc/go.mod grpcurl: %v\n%s", err, stderr.String())
-	}
-	return strings.TrimSpace(string(out))
 }

@@ -109,17 +109,8 @@ var helmBin once[string]
 // calls skip the go command.
 func helm(t *testing.T) string {
 	t.Helper()
-	root := repoRoot(t)
 	path, err := helmBin.get(func() (string, error) {
-		cmd := exec.Command("go", "tool", "-n", "-modfile=tools/helm/go.mod", "helm")
-		cmd.Dir = root
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			return "", fmt.Errorf("go tool -n -modfile=tools/helm/go.mod helm: %w\n%s", err, stderr.String())
-		}
-		return strings.TrimSpace(string(out)), nil
+		return retrydtest.PinnedTool("tools/helm/go.mod", "helm")
 	})
 	if err != nil {
 		t.Fatal(err)

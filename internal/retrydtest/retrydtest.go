@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -53,6 +54,26 @@ func RepoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// PinnedTool returns the path of a tool pinned by a tools module of the
+// repository (modfile, relative to the root, e.g. "tools/protoc/go.mod"):
+// `go tool -n` builds it into Go's build cache (minutes on a cold cache)
+// and prints where it is.
+func PinnedTool(modfile, tool string) (string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "tool", "-n", "-modfile="+modfile, tool)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go tool -n -modfile=%s %s: %w\n%s", modfile, tool, err, stderr.String())
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // Binary builds cmd/retryd once per test process and returns its path.

@@ -328,19 +328,26 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	phase := 0
 	for _, rate := range modes {
 		for round := 1; round <= cfg.Rounds; round++ {
-			for _, t := range targets {
+			// Each round starts one target later than the one before, so
+			// no target always runs first, or always right after the
+			// same other one's load. Its results are kept in target order.
+			byTarget := make([]*Result, len(targets))
+			for k := range targets {
+				i := (k + round - 1) % len(targets)
+				t := targets[i]
 				if t.saturationOnly && rate > 0 {
 					continue // redis-benchmark has no fixed-rate mode; ratelimit runs beside it
 				}
 				phase++
 				r, err := runPhase(ctx, t, cfg, rate, round, fmt.Sprintf("p%d-", phase))
 				if err != nil {
-					return results, err
+					return appendDone(results, byTarget), err
 				}
 				fmt.Fprintf(logw, "%-10s %-11s round %d: %8.0f rps  p50 %-9v p99 %-9v cpu/call %-8v errors %d\n",
 					r.Target, r.Mode, r.Round, r.RPS(), r.P50, r.P99, r.CPUPerCall(), r.Errors)
-				results = append(results, r)
+				byTarget[i] = &r
 			}
+			results = appendDone(results, byTarget)
 		}
 	}
 	if rl != nil {
@@ -369,6 +376,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	return results, nil
+}
+
+// appendDone appends the results of a round that were made, in target
+// order.
+func appendDone(results []Result, byTarget []*Result) []Result {
+	for _, r := range byTarget {
+		if r != nil {
+			results = append(results, *r)
+		}
+	}
+	return results
 }
 
 // waitReady retries one call until t answers (gubernator joins its own

@@ -544,7 +544,8 @@ func quotaSubject(err error) string {
 // in use, and new objects then fill the free slots between them without
 // growing it. It collects until two readings in a row agree within
 // 64 KiB, so that what the previous test's goroutines still held while
-// they wound down is gone from the reading, not from the next one.
+// they wound down is gone from this reading, not from the next one (as
+// far as 200 ms of waiting can tell).
 func heapLive() uint64 {
 	const settled = 64 << 10
 	read := func() uint64 {
@@ -609,10 +610,10 @@ func TestAdmissionFlood(t *testing.T) {
 			// Warm up the connection, the policy cache and the pools with
 			// the calls that fill the bound, in quarters. What one held
 			// retry costs is the largest growth of the last three quarters
-			// (the first carries the warm-up): memory that earlier tests'
-			// goroutines still held can be freed during any quarter, and
-			// was, twice in CI (1.5 and 3.5 MiB while the bound filled),
-			// where nothing else here allocates.
+			// (the first carries the warm-up). Memory that earlier tests
+			// still held can be freed during any quarter, even after a
+			// settled reading (in CI, 1.5 and 3.5 MiB went while the bound
+			// filled), and a free only lowers a quarter's growth.
 			base := heapLive()
 			quarters := make([]int64, 4)
 			last := base

@@ -22,21 +22,20 @@ type walkStep struct {
 	command, output string
 }
 
-// walkthrough returns the commands of the README section "Walk-through
-// with grpcurl", in order: in each ```sh block, a command begins at a
-// line "$ " and ends at the first line that names the server's address
-// (every command of the section ends with it); the lines up to the next
-// command are its output.
-func walkthrough(t *testing.T, readme string) []walkStep {
+// readmeCommands returns the commands of the README section under
+// heading, up to the next heading of level 1 to 3, in order: in each ```sh block, a
+// command begins at a line "$ " and ends at the first line that names the
+// server's address or ends with " &" (every command of the sections
+// tested ends so); the lines up to the next command are its output.
+func readmeCommands(t *testing.T, readme, heading string) []walkStep {
 	t.Helper()
-	const heading = "### Walk-through with grpcurl\n"
-	i := strings.Index(readme, heading)
+	i := strings.Index(readme, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatalf("README has no %q", strings.TrimSpace(heading))
+		t.Fatalf("README has no %q", heading)
 	}
-	section := readme[i+len(heading):]
-	if j := strings.Index(section, "\n## "); j >= 0 {
-		section = section[:j]
+	section := readme[i+len(heading)+2:]
+	if loc := nextHeading.FindStringIndex(section); loc != nil {
+		section = section[:loc[0]]
 	}
 	var steps []walkStep
 	blocks := strings.Split(section, "```")
@@ -47,7 +46,7 @@ func walkthrough(t *testing.T, readme string) []walkStep {
 				continue
 			}
 			cmd := []string{strings.TrimPrefix(lines[k], "$ ")}
-			for !strings.Contains(lines[k], "localhost:7700") && k+1 < len(lines) {
+			for !strings.Contains(lines[k], "localhost:7700") && !strings.HasSuffix(lines[k], " &") && k+1 < len(lines) {
 				k++
 				cmd = append(cmd, lines[k])
 			}
@@ -63,6 +62,9 @@ func walkthrough(t *testing.T, readme string) []walkStep {
 }
 
 var (
+	// nextHeading matches the heading that ends a section (not a shell
+	// comment in a code block).
+	nextHeading = regexp.MustCompile(`\n#{1,3} `)
 	// retryIDPattern matches a whole retry id (26 characters of base32).
 	retryIDPattern = regexp.MustCompile(`\b[A-Z2-7]{26}\b`)
 	// shownField matches a field the README shows with a scalar value,
@@ -103,13 +105,30 @@ func expectations(shown string) (fields []*regexp.Regexp, lines []string) {
 }
 
 // TestREADMEWalkthrough runs the README's grpcurl walk-through as a new
-// user would, in order, against the built server: the pinned grpcurl for
-// `grpcurl`, the built binary for `go run ./cmd/retryd`, the server's
-// address for localhost:7700, and the retry ids this server handed out for
-// those the README shows. Every field the README shows (but ids, times and
-// jittered delays) must be in the real answer, and every line of plain text
-// in the real output; then the invariant checker runs over the log.
+// user would (see runREADMESection).
 func TestREADMEWalkthrough(t *testing.T) {
+	runREADMESection(t, "### Walk-through with grpcurl", 7)
+}
+
+// TestREADMEAdmissionExample runs the README's example of admission
+// control: a server started with a bound of one pending retry, which
+// schedules one and refuses the next.
+func TestREADMEAdmissionExample(t *testing.T) {
+	runREADMESection(t, "### Admission control", 3)
+}
+
+// runREADMESection runs the commands of a README section, in order,
+// against the built server: the pinned grpcurl for `grpcurl`, the built
+// binary for `go run ./cmd/retryd`, a server of the test's on a free port
+// for localhost:7700 (started with the flags of a first command `go run
+// ./cmd/retryd --listen … &`, if the section has one), and the retry ids
+// this server handed out for those the README shows. Every field the
+// README shows (but ids, times and jittered delays) must be in the real
+// answer, and every line of plain text in the real output; then the
+// invariant checker runs over the log. want is how many commands the
+// section had when its test was written: fewer means the parser no longer
+// finds them.
+func runREADMESection(t *testing.T, heading string, want int) {
 	if testing.Short() {
 		t.Skip("builds the pinned grpcurl and the server")
 	}
@@ -122,16 +141,22 @@ func TestREADMEWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := walkthrough(t, string(readme))
-	if len(steps) < 7 {
-		t.Fatalf("found %d commands in the README's walk-through, want the 7 it had when this test was written: is the parser still right?", len(steps))
+	steps := readmeCommands(t, string(readme), heading)
+	if len(steps) < want {
+		t.Fatalf("found %d commands under %q, want the %d it had when this test was written: is the parser still right?", len(steps), heading, want)
 	}
 	grpcurl, err := retrydtest.PinnedTool("tools/protoc/go.mod", "grpcurl")
 	if err != nil {
 		t.Fatal(err)
 	}
 	retryd := retrydtest.Binary(t)
-	srv := retrydtest.Start(t)
+	var flags []string
+	if first := steps[0].command; strings.HasPrefix(first, "go run ./cmd/retryd --listen ") && strings.HasSuffix(first, " &") {
+		// The test starts the server itself, on a free port.
+		flags = strings.Fields(strings.TrimSuffix(strings.TrimPrefix(first, "go run ./cmd/retryd --listen "), " &"))[1:]
+		steps = steps[1:]
+	}
+	srv := retrydtest.Start(t, flags...)
 
 	ids := map[string]string{} // the README's retry ids → this server's
 	checked := 0

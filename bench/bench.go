@@ -19,12 +19,19 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+)
+
+// The baselines' target names.
+const (
+	echoName     = "grpc echo"
+	heldEchoName = "grpc echo+held"
 )
 
 // Config is one benchmark run.
@@ -64,6 +71,12 @@ type Config struct {
 	// the default is the Helm chart's deployment, metrics on. Profiling
 	// needs the listener, so ProfileDir overrides it.
 	NoMetrics bool
+	// EchoHold, when positive, adds target "grpc echo+held": bench/echo
+	// holding EchoHold linked objects live (--hold), a heap shaped like
+	// retryd's state, interleaved with the others and compared with the
+	// bare echo. It measures what holding state costs grpc-go's server by
+	// itself, through the collector.
+	EchoHold int
 	// ProfileDir, when set, starts retryd with --pprof and bench/echo with
 	// --pprof, and after the measured phases runs one unmeasured phase per
 	// target and mode while collecting its CPU and heap profiles into this
@@ -259,7 +272,14 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	targets = append(targets, &target{name: "grpc echo", proc: p, new: newEchoCaller})
+	targets = append(targets, &target{name: echoName, proc: p, new: newEchoCaller})
+	if cfg.EchoHold > 0 {
+		p, err = startServing(ctx, heldEchoName, echoBin, append(slices.Clone(echoArgs), "--hold", strconv.Itoa(cfg.EchoHold)), nil)
+		if err != nil {
+			return nil, err
+		}
+		targets = append(targets, &target{name: heldEchoName, proc: p, new: newEchoCaller})
+	}
 	if cfg.RedisPeer {
 		if rs, err = startRedis(ctx); err != nil {
 			return nil, err

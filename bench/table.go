@@ -32,11 +32,15 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 		b.WriteString("\nFirst error of each phase with errors:\n\n" + strings.Join(firstErrs, "\n") + "\n")
 	}
 	// Every retryd build (retryd, retryd@base) against every other
-	// target; retryd@base is compared with the baselines only.
+	// target; retryd@base is compared with the baselines only, and the
+	// held-heap echo with the bare echo.
 	b.WriteString("\n| mode | target | vs | round | CPU / call ratio | rps ratio | p99 ratio |\n| --- | --- | --- | --- | ---: | ---: | ---: |\n")
 	targets := uniq(results, func(r Result) string { return r.Target })
 	for _, mode := range uniq(results, func(r Result) string { return r.Mode }) {
 		for _, subject := range targets {
+			if subject == heldEchoName {
+				writeRatios(&b, cfg, results, mode, subject, echoName)
+			}
 			if !strings.HasPrefix(subject, "retryd") {
 				continue
 			}

@@ -30,8 +30,9 @@ import (
 
 // The baselines' target names.
 const (
-	echoName     = "grpc echo"
-	heldEchoName = "grpc echo+held"
+	echoName      = "grpc echo"
+	heldEchoName  = "grpc echo+held"
+	bytesEchoName = "grpc echo+bytes"
 )
 
 // Config is one benchmark run.
@@ -71,11 +72,13 @@ type Config struct {
 	// the default is the Helm chart's deployment, metrics on. Profiling
 	// needs the listener, so ProfileDir overrides it.
 	NoMetrics bool
-	// EchoHold, when positive, adds target "grpc echo+held": bench/echo
-	// holding EchoHold linked objects live (--hold), a heap shaped like
-	// retryd's state, interleaved with the others and compared with the
-	// bare echo. It measures what holding state costs grpc-go's server by
-	// itself, through the collector.
+	// EchoHold, when positive, adds two targets: "grpc echo+held",
+	// bench/echo holding EchoHold linked objects live (--hold), a heap
+	// shaped like retryd's state, and "grpc echo+bytes", holding the same
+	// bytes without pointers (--hold-pointers=false); both interleaved with
+	// the others and compared with the bare echo. They measure what holding
+	// state costs grpc-go's server by itself, through the collector, and
+	// how much of it is the pointers the collector must follow.
 	EchoHold int
 	// ProfileDir, when set, starts retryd with --pprof and bench/echo with
 	// --pprof, and after the measured phases runs one unmeasured phase per
@@ -274,11 +277,17 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	targets = append(targets, &target{name: echoName, proc: p, new: newEchoCaller})
 	if cfg.EchoHold > 0 {
-		p, err = startServing(ctx, heldEchoName, echoBin, append(slices.Clone(echoArgs), "--hold", strconv.Itoa(cfg.EchoHold)), nil)
-		if err != nil {
-			return nil, err
+		for _, h := range []struct {
+			name     string
+			pointers bool
+		}{{heldEchoName, true}, {bytesEchoName, false}} {
+			args := append(slices.Clone(echoArgs), "--hold", strconv.Itoa(cfg.EchoHold), "--hold-pointers="+strconv.FormatBool(h.pointers))
+			p, err := startServing(ctx, h.name, echoBin, args, nil)
+			if err != nil {
+				return nil, err
+			}
+			targets = append(targets, &target{name: h.name, proc: p, new: newEchoCaller})
 		}
-		targets = append(targets, &target{name: heldEchoName, proc: p, new: newEchoCaller})
 	}
 	if cfg.RedisPeer {
 		if rs, err = startRedis(ctx); err != nil {

@@ -33,12 +33,12 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 	}
 	// Every retryd build (retryd, retryd@base) against every other
 	// target; retryd@base is compared with the baselines only, and the
-	// held-heap echo with the bare echo.
+	// echoes that hold a heap with the bare echo.
 	b.WriteString("\n| mode | target | vs | round | CPU / call ratio | rps ratio | p99 ratio |\n| --- | --- | --- | --- | ---: | ---: | ---: |\n")
 	targets := uniq(results, func(r Result) string { return r.Target })
 	for _, mode := range uniq(results, func(r Result) string { return r.Mode }) {
 		for _, subject := range targets {
-			if subject == heldEchoName {
+			if subject == heldEchoName || subject == bytesEchoName {
 				writeRatios(&b, cfg, results, mode, subject, echoName)
 			}
 			if !strings.HasPrefix(subject, "retryd") {

@@ -7,15 +7,17 @@
 // of about the same request size as a FailedStep: HTTP/2 framing, the
 // handler dispatch and a proto decode and encode, and nothing else.
 //
-//	echo [--listen 127.0.0.1:0] [--metrics-listen 127.0.0.1:0 [--pprof]] [--hold N]
+//	echo [--listen 127.0.0.1:0] [--metrics-listen 127.0.0.1:0 [--pprof]] [--hold N [--hold-pointers=false]]
 //
 // With --hold N it first builds N objects that stay live for the whole run,
 // each of 128 bytes with four pointers to others drawn at random: a live
 // heap shaped like retryd's state (its protobuf records, retries and
 // chains, about 570 000 objects in 75 MB after a saturation phase), that
-// the collector must mark in every cycle. It measures what holding state
-// costs a server of grpc-go by itself, whatever the state is for
-// (retryd-bench --echo-hold).
+// the collector must mark in every cycle. With --hold-pointers=false it
+// holds the same bytes as one block without pointers, which the collector
+// marks at once and never scans. Together they measure what holding state
+// costs a server of grpc-go by itself, whatever the state is for, and how
+// much of that is the pointers (retryd-bench --echo-hold).
 //
 // When it serves it logs one JSON line {"msg":"serving","addr":"…"} to
 // stderr, the same line retryd logs, so the harness reads both the same way.
@@ -41,6 +43,7 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
@@ -111,13 +114,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	metricsAddr := fs.String("metrics-listen", "", "serve /metrics (the Prometheus Go collector) on this address; empty: off")
 	withPprof := fs.Bool("pprof", false, "also serve net/http/pprof on --metrics-listen")
 	holdN := fs.Int("hold", 0, "hold this many linked 128-byte objects live for the whole run")
+	holdPointers := fs.Bool("hold-pointers", true, "false: hold --hold's bytes as one block without pointers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *holdN < 0 {
 		return fmt.Errorf("--hold must not be negative")
 	}
-	held := hold(*holdN)
+	var held any
+	if *holdPointers {
+		held = hold(*holdN)
+	} else {
+		held = make([]byte, *holdN*int(unsafe.Sizeof(node{})))
+	}
 	defer runtime.KeepAlive(held)
 	if *withPprof && *metricsAddr == "" {
 		return fmt.Errorf("--pprof needs --metrics-listen")

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -62,6 +63,40 @@ func TestSmoke(t *testing.T) {
 		"| 200 rps | 1 | grpc echo+bytes |", "| saturation | grpc echo+bytes | grpc echo | 1 |", "| GC cycles / 1 000 calls |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestSmokeProfile runs the harness with --profile for a moment, at
+// saturation only, and checks that each server left its CPU and heap
+// profiles, its execution trace and a summary that reads them all.
+func TestSmokeProfile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs two servers, and profiles them")
+	}
+	dir := t.TempDir()
+	cfg := Config{
+		Root:     moduleRoot(t),
+		Duration: 200 * time.Millisecond, Warmup: 50 * time.Millisecond, Rounds: 1,
+		Workers: 4, Conns: 1, KeySpace: 50, Samples: 1000, ProfileDir: dir,
+	}
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"retryd", "grpc-echo"} {
+		for _, ext := range []string{".cpu.pprof", ".heap.pprof", ".trace", ".sched.pprof"} {
+			if fi, err := os.Stat(filepath.Join(dir, name+".saturation"+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("%s%s: %v", name, ext, err)
+			}
+		}
+		top, err := os.ReadFile(filepath.Join(dir, name+".saturation.top.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"Where the samples go", "Scheduler latency of an execution trace", "go tool trace -pprof=sched"} {
+			if !strings.Contains(string(top), want) {
+				t.Errorf("%s.saturation.top.txt lacks %q:\n%s", name, want, top)
+			}
 		}
 	}
 }

@@ -62,6 +62,21 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 	if st.errors > 0 {
 		return nil, fmt.Errorf("profiling %s: %d errors, first: %s", t.name, st.errors, st.firstError)
 	}
+	// An execution trace of a shorter window of the same load, after the
+	// CPU profile so that tracing's own cost stays out of it.
+	traceFile := filepath.Join(dir, name+".trace")
+	traceSecs := min(secs, 3)
+	go func() { got <- fetch(ctx, fmt.Sprintf("%strace?seconds=%d", base, traceSecs), traceFile) }()
+	tst, err := drive(ctx, callers, time.Duration(traceSecs)*time.Second+300*time.Millisecond, rate, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := <-got; err != nil {
+		return nil, err
+	}
+	if tst.errors > 0 {
+		return nil, fmt.Errorf("tracing %s: %d errors, first: %s", t.name, tst.errors, tst.firstError)
+	}
 	heapFile := filepath.Join(dir, name+".heap.pprof")
 	if err := fetch(ctx, base+"heap?gc=1", heapFile); err != nil {
 		return nil, err
@@ -82,10 +97,36 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 		}
 		fmt.Fprintf(&top, "$ go tool pprof %s %s\n%s\n", strings.Join(args, " "), filepath.Base(cpuFile), out)
 	}
+	if err := writeSchedLatency(ctx, &top, traceFile, tst.calls, traceSecs); err != nil {
+		return nil, err
+	}
 	if err := os.WriteFile(topFile, []byte(top.String()), 0o644); err != nil {
 		return nil, err
 	}
-	return []string{cpuFile, heapFile, topFile}, nil
+	return []string{cpuFile, heapFile, traceFile, topFile}, nil
+}
+
+// writeSchedLatency writes where the goroutines of the traced window
+// waited to run once they were runnable (go tool trace -pprof=sched: the
+// scheduler latency, by the stack that made them runnable), in total and
+// per call of the window.
+func writeSchedLatency(ctx context.Context, w io.Writer, traceFile string, calls int64, secs int) error {
+	sched, err := exec.CommandContext(ctx, "go", "tool", "trace", "-pprof=sched", traceFile).Output()
+	if err != nil {
+		return fmt.Errorf("go tool trace -pprof=sched %s: %w", traceFile, err)
+	}
+	schedFile := strings.TrimSuffix(traceFile, ".trace") + ".sched.pprof"
+	if err := os.WriteFile(schedFile, sched, 0o644); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, "go", "tool", "pprof", "-top", "-nodecount=20", schedFile).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go tool pprof -top %s: %w\n%s", schedFile, err, out)
+	}
+	fmt.Fprintf(w, "Scheduler latency of an execution trace of %d s of the same load (%d calls): the time runnable goroutines waited for a CPU, by the stack that made them runnable; divide by the calls for a figure per call.\n\n", secs, calls)
+	fmt.Fprintf(w, "$ go tool trace -pprof=sched %s > %s && go tool pprof -top -nodecount=20 %s\n%s\n",
+		filepath.Base(traceFile), filepath.Base(schedFile), filepath.Base(schedFile), out)
+	return nil
 }
 
 // served reports whether url answers 200 OK.

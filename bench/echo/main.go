@@ -150,6 +150,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		if *withPprof {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
 		go func() { _ = http.Serve(mlis, mux) }()
 		serving["metrics_addr"] = mlis.Addr().String()

@@ -48,34 +48,17 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 		return nil, nil // a retryd@base without --pprof
 	}
 	cpuFile := filepath.Join(dir, name+".cpu.pprof")
-	got := make(chan error, 1)
-	go func() { got <- fetch(ctx, fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile) }()
-	// The load runs a little longer than the profile, so the profile
-	// covers load only.
-	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, rate, 0)
+	st, err := fetchUnderLoad(ctx, fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile, callers, secs, rate)
 	if err != nil {
-		return nil, err
-	}
-	if err := <-got; err != nil {
-		return nil, err
-	}
-	if st.errors > 0 {
-		return nil, fmt.Errorf("profiling %s: %d errors, first: %s", t.name, st.errors, st.firstError)
+		return nil, fmt.Errorf("profiling %s: %w", t.name, err)
 	}
 	// An execution trace of a shorter window of the same load, after the
 	// CPU profile so that tracing's own cost stays out of it.
 	traceFile := filepath.Join(dir, name+".trace")
 	traceSecs := min(secs, 3)
-	go func() { got <- fetch(ctx, fmt.Sprintf("%strace?seconds=%d", base, traceSecs), traceFile) }()
-	tst, err := drive(ctx, callers, time.Duration(traceSecs)*time.Second+300*time.Millisecond, rate, 0)
+	tst, err := fetchUnderLoad(ctx, fmt.Sprintf("%strace?seconds=%d", base, traceSecs), traceFile, callers, traceSecs, rate)
 	if err != nil {
-		return nil, err
-	}
-	if err := <-got; err != nil {
-		return nil, err
-	}
-	if tst.errors > 0 {
-		return nil, fmt.Errorf("tracing %s: %d errors, first: %s", t.name, tst.errors, tst.firstError)
+		return nil, fmt.Errorf("tracing %s: %w", t.name, err)
 	}
 	heapFile := filepath.Join(dir, name+".heap.pprof")
 	if err := fetch(ctx, base+"heap?gc=1", heapFile); err != nil {
@@ -127,6 +110,23 @@ func writeSchedLatency(ctx context.Context, w io.Writer, traceFile string, calls
 	fmt.Fprintf(w, "$ go tool trace -pprof=sched %s > %s && go tool pprof -top -nodecount=20 %s\n%s\n",
 		filepath.Base(traceFile), filepath.Base(schedFile), filepath.Base(schedFile), out)
 	return nil
+}
+
+// fetchUnderLoad GETs url into file while callers run the load of rate
+// (0: saturation) for a little longer than the secs the server takes to
+// answer, so that what it collects covers load only. A call that failed
+// is an error.
+func fetchUnderLoad(ctx context.Context, url, file string, callers []caller, secs, rate int) (stats, error) {
+	got := make(chan error, 1)
+	go func() { got <- fetch(ctx, url, file) }()
+	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, rate, 0)
+	if ferr := <-got; err == nil {
+		err = ferr
+	}
+	if err == nil && st.errors > 0 {
+		err = fmt.Errorf("%d errors, first: %s", st.errors, st.firstError)
+	}
+	return st, err
 }
 
 // served reports whether url answers 200 OK.

@@ -72,7 +72,8 @@ var echoDesc = grpc.ServiceDesc{
 }
 
 // node is one held object: 32 bytes of pointers and 96 of data, 128 bytes
-// in all, the size class of many of retryd's records.
+// in all, about the mean size of what retryd's state holds (131 bytes per
+// object in the heap profile of a saturation phase).
 type node struct {
 	next [4]*node
 	data [96]byte

@@ -79,7 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.NoMetrics, "no-metrics", false, "run retryd without --metrics-listen (and so without otelgrpc); default: metrics on, as deployed")
 	fs.IntVar(&cfg.EchoHold, "echo-hold", 0, "also run bench/echo holding this many linked 128-byte objects live (a heap shaped like retryd's state), as target \"grpc echo+held\", and holding the same bytes without pointers, as \"grpc echo+bytes\"; 0: skip")
 	fs.StringVar(&cfg.BaseRoot, "base-src", "", "another retryd source tree (e.g. git archive HEAD, unpacked) to run as target retryd@base")
-	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU and heap profiles of retryd and echo (one extra, unmeasured saturation phase each) to this directory")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU and heap profiles and an execution trace of retryd and the echoes (one extra, unmeasured phase per target and mode) to this directory")
 	out := fs.String("out", "", "also write the table to this file")
 	skipAB := fs.Bool("skip-ab", false, "skip the A/B load phases (run only the scale parts)")
 	sc := bench.ScaleConfig{AwaitLead: time.Minute, AwaitSpread: 10 * time.Second}

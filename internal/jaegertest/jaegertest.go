@@ -15,7 +15,6 @@
 package jaegertest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,18 +25,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/retryd/retryd/internal/retrydtest"
 )
 
-// modfileRel is the tools module that pins the Jaeger version, relative to
+// modfile is the tools module that pins the Jaeger version, relative to
 // the repository root.
-const modfileRel = "tools/jaeger/go.mod"
+const modfile = "tools/jaeger/go.mod"
 
 // maxSearchTraces is the query.num_traces sent with every search. It must be
 // positive and at most the memory store's max_traces.
@@ -134,63 +134,9 @@ var (
 // build cache) by `go tool -n`.
 func binary() (string, error) {
 	binOnce.Do(func() {
-		binPath, binErr = buildBinary()
+		binPath, binErr = retrydtest.PinnedTool(modfile, "jaeger")
 	})
 	return binPath, binErr
-}
-
-func buildBinary() (string, error) {
-	root, err := repoRoot()
-	if err != nil {
-		return "", err
-	}
-	modfile := filepath.Join(root, modfileRel)
-	// With -n, `go tool` builds a module tool into the build cache and
-	// prints its command line instead of running it; with no arguments that
-	// is the executable's path.
-	cmd := exec.Command("go", "tool", "-n", "-modfile="+modfile, "jaeger")
-	cmd.Dir = root
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("go tool -n -modfile=%s jaeger: %v\n%s", modfile, err, stderr.String())
-	}
-	path := strings.TrimSpace(stdout.String())
-	info, err := os.Stat(path)
-	if err != nil {
-		return "", fmt.Errorf("go tool -n printed %q: %v", path, err)
-	}
-	if info.IsDir() || info.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("go tool -n printed %q, which is not an executable", path)
-	}
-	return path, nil
-}
-
-// repoRoot finds the directory holding tools/jaeger/go.mod, searching up
-// from the working directory (a package directory under go test) and then
-// from this source file.
-func repoRoot() (string, error) {
-	var starts []string
-	if wd, err := os.Getwd(); err == nil {
-		starts = append(starts, wd)
-	}
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		starts = append(starts, filepath.Dir(file))
-	}
-	for _, dir := range starts {
-		for {
-			if _, err := os.Stat(filepath.Join(dir, modfileRel)); err == nil {
-				return dir, nil
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				break
-			}
-			dir = parent
-		}
-	}
-	return "", fmt.Errorf("no %s found above %v", modfileRel, starts)
 }
 
 // listeners names every socket the generated configuration opens.

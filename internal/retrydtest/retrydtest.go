@@ -58,8 +58,9 @@ func RepoRoot() (string, error) {
 
 // PinnedTool returns the path of a tool pinned by a tools module of the
 // repository (modfile, relative to the root, e.g. "tools/protoc/go.mod"):
-// `go tool -n` builds it into Go's build cache (minutes on a cold cache)
-// and prints where it is.
+// with -n and no arguments, `go tool` builds it into Go's build cache
+// (minutes on a cold cache) and prints its command line, which is the
+// executable's path.
 func PinnedTool(modfile, tool string) (string, error) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -73,7 +74,15 @@ func PinnedTool(modfile, tool string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("go tool -n -modfile=%s %s: %w\n%s", modfile, tool, err, stderr.String())
 	}
-	return strings.TrimSpace(string(out)), nil
+	path := strings.TrimSpace(string(out))
+	info, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("go tool -n -modfile=%s %s printed %q: %w", modfile, tool, path, err)
+	}
+	if info.IsDir() || info.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("go tool -n -modfile=%s %s printed %q, which is not an executable", modfile, tool, path)
+	}
+	return path, nil
 }
 
 // Binary builds cmd/retryd once per test process and returns its path.

@@ -36,7 +36,12 @@ func BenchmarkFailedStep(b *testing.B) {
 // event-log observer (Observe) running in its own goroutine, as
 // server.Run starts it. Its work is on another goroutine, so ns/op leaves
 // it out; cpu-ns/op is the process's CPU time (user and system, all
-// goroutines, the collector included) per op, the figure to compare.
+// goroutines, the collector included) per op, the figure to compare. It
+// overstates what the observer's wake-ups cost a server: pacing them took
+// a sixth off cpu-ns/op here and nothing off retryd's CPU per call under
+// retryd-bench's load, where they put no more threads on a CPU
+// (docs/benchmarks.md, "Session 13"). Confirm a gain here under load
+// before keeping it.
 //
 //	go test -run '^$' -bench FailedStepDeployed -benchmem ./service/
 func BenchmarkFailedStepDeployed(b *testing.B) {

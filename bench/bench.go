@@ -30,9 +30,10 @@ import (
 
 // The baselines' target names.
 const (
-	echoName      = "grpc echo"
-	heldEchoName  = "grpc echo+held"
-	bytesEchoName = "grpc echo+bytes"
+	echoName       = "grpc echo"
+	heldEchoName   = "grpc echo+held"
+	bytesEchoName  = "grpc echo+bytes"
+	gubernatorName = "gubernator"
 )
 
 // Config is one benchmark run.
@@ -319,7 +320,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		targets = append(targets, &target{name: "gubernator", proc: p, new: newGubernatorCaller})
+		targets = append(targets, &target{name: gubernatorName, proc: p, new: newGubernatorCaller})
 	}
 	for _, t := range targets {
 		if t.peer {

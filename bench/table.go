@@ -32,15 +32,15 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 		b.WriteString("\nFirst error of each phase with errors:\n\n" + strings.Join(firstErrs, "\n") + "\n")
 	}
 	// Every retryd build (retryd, retryd@base) against every other
-	// target; retryd@base is compared with the baselines only, and the
-	// echoes that hold a heap with the bare echo.
+	// target; retryd@base is compared with the baselines only. Then the
+	// baselines among themselves (baselineRatios).
 	b.WriteString("\n| mode | target | vs | round | CPU / call ratio | rps ratio | p99 ratio |\n| --- | --- | --- | --- | ---: | ---: | ---: |\n")
 	targets := uniq(results, func(r Result) string { return r.Target })
 	for _, mode := range uniq(results, func(r Result) string { return r.Mode }) {
+		for _, pair := range baselineRatios {
+			writeRatios(&b, cfg, results, mode, pair[0], pair[1])
+		}
 		for _, subject := range targets {
-			if subject == heldEchoName || subject == bytesEchoName {
-				writeRatios(&b, cfg, results, mode, subject, echoName)
-			}
 			if !strings.HasPrefix(subject, "retryd") {
 				continue
 			}
@@ -58,6 +58,17 @@ func WriteTable(w io.Writer, cfg Config, results []Result) error {
 	writeRedisTable(&b, cfg, results)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// baselineRatios are the baselines compared with each other, where a run
+// has both: the echoes that hold a heap with the bare echo (what holding
+// state costs grpc-go), and the bare echo with gubernator (the framework's
+// own throughput against gubernator's: the most any server on these cores
+// can show against it).
+var baselineRatios = [][2]string{
+	{heldEchoName, echoName},
+	{bytesEchoName, echoName},
+	{echoName, gubernatorName},
 }
 
 // writeRuntimeTable writes what the Go runtime of each phase did per

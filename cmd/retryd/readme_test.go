@@ -23,10 +23,11 @@ type walkStep struct {
 }
 
 // readmeCommands returns the commands of the README section under
-// heading, up to the next heading of level 1 to 3, in order: in each ```sh block, a
-// command begins at a line "$ " and ends at the first line that names the
-// server's address or ends with " &" (every command of the sections
-// tested ends so); the lines up to the next command are its output.
+// heading (up to the next heading of level 1 to 3), in order: in each
+// ```sh block, a command begins at a line "$ " and ends at the first line
+// that names the server's address or ends with " &" (every command of the
+// sections tested ends so); the lines up to the next command are its
+// output.
 func readmeCommands(t *testing.T, readme, heading string) []walkStep {
 	t.Helper()
 	i := strings.Index(readme, "\n"+heading+"\n")

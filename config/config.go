@@ -15,6 +15,9 @@
 //	      backoff: {initialDelayMs: 1000, maxDelayMs: 30000, jitterRatio: 0.2}
 //	defaultPolicy:
 //	  maxRetries: 3
+//
+// A block with a schedule or a tail delay and no mode is a schedule-mode
+// policy, as the dsh-retry plugin writes it.
 package config
 
 import (
@@ -105,8 +108,9 @@ func Load(path string) (*Policies, error) {
 	return ps, nil
 }
 
-// FieldError names the invalid field of a policy file by its path, e.g.
-// "providers.deepseek.retryPolicy.backoff.initial_delay_ms".
+// FieldError names the invalid field of a policy file by its path, spelled
+// as the file spelled it, e.g.
+// "providers.deepseek.retryPolicy.backoff.initialDelayMs".
 type FieldError struct {
 	Field   string
 	Message string
@@ -218,6 +222,7 @@ func ParsePolicy(data []byte) (*retrydv1.RetryPolicy, error) {
 		return nil, fmt.Errorf("config: a policy must be a mapping: %w", err)
 	}
 	normaliseEnums(raw)
+	inferScheduleMode(raw)
 	norm, err := json.Marshal(raw)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
@@ -227,6 +232,21 @@ func ParsePolicy(data []byte) (*retrydv1.RetryPolicy, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	return &p, nil
+}
+
+// inferScheduleMode makes a block that gives a schedule or a tail delay and
+// no mode a schedule-mode policy: the dsh-retry plugin's own block has no
+// mode key, and only schedule mode accepts those fields.
+func inferScheduleMode(m map[string]any) {
+	if _, ok := m["mode"]; ok {
+		return
+	}
+	for _, k := range []string{"schedule", "tailDelayMs", "tail_delay_ms"} {
+		if _, ok := m[k]; ok {
+			m["mode"] = enumPrefixes["mode"] + "SCHEDULE"
+			return
+		}
+	}
 }
 
 func normaliseEnums(m map[string]any) {
@@ -251,15 +271,54 @@ func parsePolicy(field string, raw json.RawMessage) (*policy.Policy, error) {
 	if err != nil {
 		var ve *policy.ValidationError
 		if errors.As(err, &ve) {
+			var written map[string]any
+			_ = yaml.Unmarshal(raw, &written) // ParsePolicy decoded it already
 			errs := make([]error, len(ve.Violations))
 			for i, v := range ve.Violations {
-				errs[i] = &FieldError{Field: field + "." + v.Field, Message: v.Description}
+				errs[i] = &FieldError{Field: field + "." + asWritten(written, v.Field), Message: v.Description}
 			}
 			return nil, errors.Join(errs...)
 		}
 		return nil, &FieldError{Field: field, Message: err.Error()}
 	}
 	return p, nil
+}
+
+// asWritten spells a policy violation's field path (proto names, such as
+// "backoff.initial_delay_ms" or "schedule[2]") the way the block spelled
+// it: protojson accepts both snake_case and camelCase keys, so the message
+// names the key the user actually typed, and camelCase, the file's own
+// style, for a key the block left out.
+func asWritten(block map[string]any, path string) string {
+	segs := strings.Split(path, ".")
+	for i, seg := range segs {
+		name, index, _ := strings.Cut(seg, "[")
+		camel := snakeToCamel(name)
+		spelled := camel
+		if _, ok := block[name]; ok {
+			spelled = name
+		}
+		if index != "" {
+			spelled += "[" + index
+		}
+		segs[i] = spelled
+		next, _ := block[name].(map[string]any)
+		if next == nil {
+			next, _ = block[camel].(map[string]any)
+		}
+		block = next
+	}
+	return strings.Join(segs, ".")
+}
+
+func snakeToCamel(s string) string {
+	parts := strings.Split(s, "_")
+	for i := 1; i < len(parts); i++ {
+		if parts[i] != "" {
+			parts[i] = strings.ToUpper(parts[i][:1]) + parts[i][1:]
+		}
+	}
+	return strings.Join(parts, "")
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -124,6 +124,15 @@ policies:
     tailDelayMs: 20000
     retryAfterOverCap: local
 `, map[string]string{"policy relay": keyRelay, "default": keyBuiltin}},
+		// The plugin's own block has no mode: its schedule makes it schedule mode.
+		{"the dsh-retry block pasted without a mode", `
+providers:
+  relay:
+    retryPolicy:
+      schedule: [2000, 5000, 5000, 5000, 10000]
+      tailDelayMs: 20000
+      retryAfterOverCap: local
+`, map[string]string{"provider relay": keyRelay, "default": keyBuiltin}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -161,7 +170,7 @@ func TestParseInvalid(t *testing.T) {
 			"providers.deepseek.retryPolicy", []string{"providers.deepseek.retryPolicy: ", "JITTER_GAUSSIAN"}},
 		{"unknown over-cap", "defaultPolicy:\n  retryAfterOverCap: never\n", "defaultPolicy", []string{"defaultPolicy: ", "RETRY_AFTER_OVER_CAP_NEVER"}},
 		{"unknown mode number", "policies:\n  x:\n    mode: 7\n", "policies.x.mode", []string{"policies.x.mode: unknown mode 7"}},
-		{"unknown over-cap number", "policies:\n  x:\n    retryAfterOverCap: 9\n", "policies.x.retry_after_over_cap", []string{"policies.x.retry_after_over_cap: "}},
+		{"unknown over-cap number", "policies:\n  x:\n    retryAfterOverCap: 9\n", "policies.x.retryAfterOverCap", []string{"policies.x.retryAfterOverCap: "}},
 		{"enum as a list", "policies:\n  x:\n    mode: [always]\n", "policies.x", []string{"policies.x: ", "enum field mode"}},
 		{"missing retryPolicy", "providers:\n  deepseek: {}\n", "providers.deepseek.retryPolicy", []string{"providers.deepseek.retryPolicy: required"}},
 		{"provider without a body", "providers:\n  deepseek:\n", "providers.deepseek.retryPolicy", []string{"providers.deepseek.retryPolicy: required"}},
@@ -174,24 +183,27 @@ func TestParseInvalid(t *testing.T) {
 		{"unclosed flow mapping", "policies: {relay: {mode: schedule}\n", "", []string{"config: not valid YAML"}},
 		{"self-referencing anchor", "policies: &a {x: *a}\n", "", []string{"config: not valid YAML"}},
 		{"zero initial delay", "providers:\n  deepseek:\n    retryPolicy:\n      backoff: {initialDelayMs: 0}\n",
-			"providers.deepseek.retryPolicy.backoff.initial_delay_ms", []string{"providers.deepseek.retryPolicy.backoff.initial_delay_ms: must be greater than 0"}},
+			"providers.deepseek.retryPolicy.backoff.initialDelayMs", []string{"providers.deepseek.retryPolicy.backoff.initialDelayMs: must be greater than 0"}},
 		{"negative initial delay", "providers:\n  deepseek:\n    retryPolicy:\n      backoff: {initialDelayMs: -1}\n",
 			"providers.deepseek.retryPolicy", []string{"providers.deepseek.retryPolicy: ", "initialDelayMs"}},
-		{"delay beyond the timer", "policies:\n  x:\n    backoff: {maxDelayMs: 2147483648}\n", "policies.x.backoff.max_delay_ms", []string{"policies.x.backoff.max_delay_ms: "}},
+		{"delay beyond the timer", "policies:\n  x:\n    backoff: {maxDelayMs: 2147483648}\n", "policies.x.backoff.maxDelayMs", []string{"policies.x.backoff.maxDelayMs: "}},
 		{"multiplier below 1", "policies:\n  x:\n    backoff: {multiplier: 0.5}\n", "policies.x.backoff.multiplier", []string{"policies.x.backoff.multiplier: "}},
-		{"bare star", "policies:\n  x:\n    retryableCodes: ['*']\n", "policies.x.retryable_codes[0]", []string{"policies.x.retryable_codes[0]: "}},
-		{"lower-case code", "policies:\n  x:\n    retryableCodes: [SERVER, timeout]\n", "policies.x.retryable_codes[1]", []string{"policies.x.retryable_codes[1]: "}},
-		{"duplicate code", "policies:\n  x:\n    retryableCodes: [SERVER, SERVER]\n", "policies.x.retryable_codes[1]", []string{"policies.x.retryable_codes[1]: duplicate"}},
-		{"max retries in always mode", "defaultPolicy:\n  mode: always\n  maxRetries: 3\n", "defaultPolicy.max_retries", []string{"defaultPolicy.max_retries: "}},
+		{"bare star", "policies:\n  x:\n    retryableCodes: ['*']\n", "policies.x.retryableCodes[0]", []string{"policies.x.retryableCodes[0]: "}},
+		{"lower-case code", "policies:\n  x:\n    retryableCodes: [SERVER, timeout]\n", "policies.x.retryableCodes[1]", []string{"policies.x.retryableCodes[1]: "}},
+		{"duplicate code", "policies:\n  x:\n    retryableCodes: [SERVER, SERVER]\n", "policies.x.retryableCodes[1]", []string{"policies.x.retryableCodes[1]: duplicate"}},
+		{"max retries in always mode", "defaultPolicy:\n  mode: always\n  maxRetries: 3\n", "defaultPolicy.maxRetries", []string{"defaultPolicy.maxRetries: "}},
 		{"backoff in schedule mode", "policies:\n  relay:\n    mode: schedule\n    backoff: {initialDelayMs: 5}\n", "policies.relay.backoff", []string{"policies.relay.backoff: "}},
+		{"snake_case key named as written", "policies:\n  x:\n    backoff: {initial_delay_ms: 0}\n", "policies.x.backoff.initial_delay_ms", []string{"policies.x.backoff.initial_delay_ms: must be greater than 0"}},
+		{"snake_case parent, camelCase child", "policies:\n  x:\n    retry_after_over_cap: 9\n", "policies.x.retry_after_over_cap", []string{"policies.x.retry_after_over_cap: "}},
+		{"tail delay without a schedule's mode", "policies:\n  relay:\n    mode: normal\n    tailDelayMs: 20000\n", "policies.relay.tailDelayMs", []string{"policies.relay.tailDelayMs: only allowed in schedule mode"}},
 		{"schedule entry 0", "policies:\n  relay:\n    mode: schedule\n    schedule: [1000, 0]\n", "policies.relay.schedule[1]", []string{"policies.relay.schedule[1]: "}},
 		{"every bad policy is named", `
 policies:
   a: {backoff: {multiplier: 0.5}}
 providers:
-  b: {retryPolicy: {schedule: [1]}}
+  b: {retryPolicy: {mode: normal, schedule: [1]}}
 defaultPolicy: {mode: always, retryableCodes: [SERVER]}
-`, "policies.a.backoff.multiplier", []string{"policies.a.backoff.multiplier: ", "providers.b.retryPolicy.schedule: ", "defaultPolicy.retryable_codes: "}},
+`, "policies.a.backoff.multiplier", []string{"policies.a.backoff.multiplier: ", "providers.b.retryPolicy.schedule: ", "defaultPolicy.retryableCodes: "}},
 		// YAML's .nan reaches no field: the JSON conversion refuses it first.
 		{"NaN multiplier", "policies:\n  x:\n    backoff: {multiplier: .nan}\n", "", []string{"config: ", "NaN"}},
 	}

@@ -142,10 +142,10 @@ providers:
 		}
 	}
 	bad := []struct{ name, yaml, want string }{
-		{"negative-like zero initial", "providers:\n  p:\n    retryPolicy:\n      backoff: {initialDelayMs: 0}\n", "providers.p.retryPolicy.backoff.initial_delay_ms"},
+		{"negative-like zero initial", "providers:\n  p:\n    retryPolicy:\n      backoff: {initialDelayMs: 0}\n", "providers.p.retryPolicy.backoff.initialDelayMs"},
 		{"unknown key", "policies:\n  x:\n    maxRetrys: 3\n", "policies.x"},
 		{"unknown mode", "policies:\n  x:\n    mode: sometimes\n", "policies.x"},
-		{"bare star", "policies:\n  x:\n    retryableCodes: ['*']\n", "policies.x.retryable_codes[0]"},
+		{"bare star", "policies:\n  x:\n    retryableCodes: ['*']\n", "policies.x.retryableCodes[0]"},
 		{"unknown top-level", "polices: {}\n", "polices"},
 	}
 	for _, b := range bad {

@@ -6,7 +6,7 @@
 // decoded here with the protobuf runtime's wire reader instead of
 // generating all of google/rpc.
 
-import { BinaryReader, WireType } from "@bufbuild/protobuf/wire";
+import { BinaryReader, BinaryWriter, WireType } from "@bufbuild/protobuf/wire";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 /** The google.rpc.ErrorInfo domain of retryd's errors. */
@@ -207,4 +207,20 @@ export function retryDelayMs(err: unknown): number | undefined {
     }
   }
   return undefined;
+}
+
+/**
+ * A google.rpc.BadRequest detail with these field violations, in the form
+ * a ConnectError from the wire carries, so {@link fieldViolations} reads
+ * the client's own refusals (degraded mode) as it reads the server's.
+ */
+export function badRequestDetail(violations: { field: string; description: string }[]): { type: string; value: Uint8Array } {
+  const w = new BinaryWriter();
+  for (const v of violations) {
+    w.tag(1, WireType.LengthDelimited).fork();
+    w.tag(1, WireType.LengthDelimited).string(v.field);
+    w.tag(2, WireType.LengthDelimited).string(v.description);
+    w.join();
+  }
+  return { type: "google.rpc.BadRequest", value: w.finish() };
 }

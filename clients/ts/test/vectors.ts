@@ -114,7 +114,7 @@ function assertKnownKeys(where: string, obj: Record<string, unknown>, known: Set
 }
 
 /** The proto name of an enum number, e.g. DELAY_SOURCE_BACKOFF. */
-function enumName(desc: DescEnum, n: number): string {
+export function enumName(desc: DescEnum, n: number): string {
   return desc.value[n]?.name ?? `${desc.typeName}(${n})`;
 }
 
@@ -127,7 +127,7 @@ function nanos(ts: Timestamp | undefined): bigint {
   return ts === undefined ? 0n : ts.seconds * 1_000_000_000n + BigInt(ts.nanos);
 }
 
-interface Saved {
+export interface Saved {
   schedule: Schedule;
   turn: bigint;
   step: bigint;
@@ -308,7 +308,7 @@ export async function runVector(client: RetrydClient, v: Vector): Promise<void> 
   }
 }
 
-function failedStepRequest(v: Vector, step: Step): FailedStepRequest {
+export function failedStepRequest(v: Vector, step: Step): FailedStepRequest {
   const req = fromJson(FailedStepRequestSchema, step.request ?? {});
   req.sessionId ||= v.session;
   if (step.deadlineInMs !== undefined) {
@@ -317,7 +317,7 @@ function failedStepRequest(v: Vector, step: Step): FailedStepRequest {
   return req;
 }
 
-function checkSchedule(
+export function checkSchedule(
   where: string,
   req: FailedStepRequest,
   s: Schedule,
@@ -358,7 +358,7 @@ function checkSchedule(
   }
 }
 
-function checkDelegate(where: string, req: FailedStepRequest, reason: number, event: Event, exp: Expect): void {
+export function checkDelegate(where: string, req: FailedStepRequest, reason: number, event: Event, exp: Expect): void {
   const name = enumName(DelegateReasonSchema, reason);
   assert.equal(exp.retryNumber, undefined, `${where}: want schedule retry ${exp.retryNumber}, got delegate ${name}`);
   if (exp.reason !== undefined) assert.equal(name, exp.reason, `${where}: delegate reason`);
@@ -372,7 +372,7 @@ function checkDelegate(where: string, req: FailedStepRequest, reason: number, ev
   assert.equal(renderRetryLine(event), undefined, `${where}: a delegation has no UI line`);
 }
 
-function checkStarted(where: string, st: RetryStarted, target: Saved): void {
+export function checkStarted(where: string, st: RetryStarted, target: Saved): void {
   assert.equal(st.retryId, target.schedule.retryId, `${where}: started retry id`);
   assert.equal(st.retryNumber, target.schedule.retryNumber, `${where}: started retry number`);
   assert.equal(st.turn, target.turn, `${where}: started turn`);
@@ -380,7 +380,7 @@ function checkStarted(where: string, st: RetryStarted, target: Saved): void {
   assert.ok(nanos(st.startedAt) >= nanos(target.schedule.dueAt), `${where}: started before the due time`);
 }
 
-function checkError(where: string, err: unknown, exp: Expect, lookup: (where: string, name: string) => Saved): void {
+export function checkError(where: string, err: unknown, exp: Expect, lookup: (where: string, name: string) => Saved): void {
   if (exp.error === undefined) {
     throw err;
   }

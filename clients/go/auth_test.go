@@ -103,19 +103,19 @@ func TestBearerToken(t *testing.T) {
 		want   codes.Code // codes.OK: served
 	}{
 		{"New with WithInsecureBearerToken", func(t *testing.T) *retryd.Client {
-			return newClient(t, srv.Addr, retryd.WithInsecureBearerToken(tokenTeamB))
+			return newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(tokenTeamB))
 		}, codes.OK},
 		{"NewFromConn with WithInsecureBearerToken", func(t *testing.T) *retryd.Client {
 			return retryd.NewFromConn(plain, retryd.WithInsecureBearerToken(tokenTeamB))
 		}, codes.OK},
 		{"the last token option wins", func(t *testing.T) *retryd.Client {
-			return newClient(t, srv.Addr, retryd.WithInsecureBearerToken("not-a-token-of-anyone"), retryd.WithInsecureBearerToken(tokenTeamA))
+			return newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithInsecureBearerToken("not-a-token-of-anyone"), retryd.WithInsecureBearerToken(tokenTeamA))
 		}, codes.OK},
 		{"no token", func(t *testing.T) *retryd.Client {
-			return newClient(t, srv.Addr)
+			return newClient(t, srv.Addr, retryd.WithInsecure())
 		}, codes.Unauthenticated},
 		{"a wrong token", func(t *testing.T) *retryd.Client {
-			return newClient(t, srv.Addr, retryd.WithInsecureBearerToken(strings.Repeat("0", 64)))
+			return newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(strings.Repeat("0", 64)))
 		}, codes.Unauthenticated},
 		{"NewFromConn without a token", func(t *testing.T) *retryd.Client {
 			return retryd.NewFromConn(plain)
@@ -137,7 +137,7 @@ func TestBearerToken(t *testing.T) {
 	// Calls through Service carry the client's token too, and the token
 	// names the tenant: team-b's session is not team-a's.
 	ctx := testContext(t)
-	b := newClient(t, srv.Addr, retryd.WithInsecureBearerToken(tokenTeamB))
+	b := newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(tokenTeamB))
 	if _, err := b.Service().FailedStep(ctx, failedStep("bearer-b", 1, 1, backoffPolicy(10_000, 2))); err != nil {
 		t.Fatalf("FailedStep through Service with team-b's token: %v", err)
 	}
@@ -173,20 +173,20 @@ func TestBearerTokenTLS(t *testing.T) {
 		t.Fatal("the server does not serve TLS")
 	}
 
-	if c, err := retryd.New(srv.Addr, retryd.WithBearerToken(tokenTeamA)); err == nil {
+	if c, err := retryd.New(srv.Addr, retryd.WithInsecure(), retryd.WithBearerToken(tokenTeamA)); err == nil {
 		c.Close()
 		t.Errorf("New with WithBearerToken over plaintext succeeded; want an error (the token needs TLS)")
 	} else if !strings.Contains(err.Error(), "transport level security") {
 		t.Errorf("New with WithBearerToken over plaintext: %v, want grpc's transport security error", err)
 	}
 
-	tlsCreds := credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12})
-	c := newClient(t, srv.Addr, retryd.WithBearerToken(tokenTeamA), retryd.WithDialOptions(grpc.WithTransportCredentials(tlsCreds)))
+	tlsConfig := &tls.Config{RootCAs: ca.Pool(), MinVersion: tls.VersionTLS12}
+	c := newClient(t, srv.Addr, retryd.WithBearerToken(tokenTeamA), retryd.WithTLS(tlsConfig))
 	ctx := testContext(t)
 	if _, err := c.GetChains(ctx, "tls-unknown"); status.Code(err) != codes.NotFound {
 		t.Errorf("GetChains over TLS with the token = %v, want NotFound (authenticated)", err)
 	}
-	anonymous := newClient(t, srv.Addr, retryd.WithDialOptions(grpc.WithTransportCredentials(tlsCreds)))
+	anonymous := newClient(t, srv.Addr, retryd.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(tlsConfig))))
 	if _, err := anonymous.GetChains(ctx, "tls-unknown"); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("GetChains over TLS without a token = %v, want Unauthenticated", err)
 	}
@@ -208,7 +208,7 @@ func TestBearerTokenMalformed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			for _, opt := range []retryd.Option{retryd.WithBearerToken(tc.token), retryd.WithInsecureBearerToken(tc.token)} {
-				c, err := retryd.New(srv.Addr, opt)
+				c, err := retryd.New(srv.Addr, retryd.WithInsecure(), opt)
 				if err == nil {
 					c.Close()
 					t.Fatalf("New accepted the token %q", tc.token)
@@ -232,7 +232,7 @@ func TestBearerTokenMalformed(t *testing.T) {
 func TestNotAllowed(t *testing.T) {
 	t.Parallel()
 	srv := retrydtest.Start(t, "--auth-credentials", writeCredentials(t))
-	c := newClient(t, srv.Addr, retryd.WithInsecureBearerToken(tokenTeamA))
+	c := newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(tokenTeamA))
 	ctx := testContext(t)
 
 	req := failedStep("not-allowed", 1, 1, backoffPolicy(10_000, 2)) // provider anthropic

@@ -2,6 +2,7 @@ package retryd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +14,7 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 )
 
@@ -32,14 +33,33 @@ type Client struct {
 
 // New creates a client for the retryd server at target (a gRPC target
 // such as "127.0.0.1:7700" or "dns:///retryd.internal:7700") with
-// grpc.NewClient, which connects lazily on the first call. The connection
-// uses insecure (plaintext) transport credentials, which suit a loopback or
-// sidecar server, unless WithDialOptions supplies others. With
-// WithBearerToken or WithInsecureBearerToken every call carries the token
-// (a per-RPC credential of the connection). Close releases the connection.
+// grpc.NewClient, which connects lazily on the first call.
+//
+// The transport is TLS with the system's roots unless an option says
+// otherwise: WithTLS for a configuration of your own, WithInsecure for
+// plaintext (loopback, a sidecar, a mesh that encrypts the hop). New never
+// chooses plaintext by itself.
+//
+// The connection uses ServiceConfig: round_robin over every address the
+// target resolves to (each replica of a headless service), and gRPC's own
+// retries of FailedStep, GetChains, CancelRetries and StepSucceeded on
+// UNAVAILABLE, which are idempotent. A refusal with RESOURCE_EXHAUSTED and
+// a RetryInfo is sent again after the delay the server asked for
+// (WithExhaustedRetries).
+//
+// With WithBearerToken or WithInsecureBearerToken every call carries the
+// token (a per-RPC credential of the connection). Close releases the
+// connection.
 func New(target string, opts ...Option) (*Client, error) {
 	o := newOptions(opts)
-	dial := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, o.dialOptions...)
+	creds := o.transport
+	if creds == nil {
+		creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
+	}
+	dial := append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultServiceConfig(ServiceConfig),
+	}, o.dialOptions...)
 	if o.token != nil {
 		if err := o.token.check(); err != nil {
 			return nil, err
@@ -88,7 +108,9 @@ func (c *Client) Service() retrydv1.RetryServiceClient { return c.rpc }
 // repeat after a transport error. Errors are gRPC status errors as the
 // server sent them; see IsRetryPending, ErrorReason and FieldViolations.
 func (c *Client) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest) (*retrydv1.FailedStepResponse, error) {
-	return c.rpc.FailedStep(ctx, req)
+	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.FailedStepResponse, error) {
+		return c.rpc.FailedStep(ctx, req)
+	})
 }
 
 // AwaitRetry waits until the retry retryID starts or is cancelled and
@@ -102,7 +124,9 @@ func (c *Client) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest
 // after the WithReattachBackoff delay, for as long as ctx allows; the
 // retry starts at most once however often it re-attaches, and a retry that
 // became due while no stream was attached starts when one re-attaches
-// (within the server's abandon grace). Any other error, such as
+// (within the server's abandon grace). A RESOURCE_EXHAUSTED refusal with
+// a RetryInfo (the server's awaiter bounds are full) is tried again after
+// the delay it asks for. Any other error, such as
 // codes.NotFound for an unknown or forgotten retry or
 // codes.InvalidArgument, is returned as is. When ctx ends, AwaitRetry
 // returns ctx.Err() (context.DeadlineExceeded also when the server's copy
@@ -117,6 +141,13 @@ func (c *Client) AwaitRetry(ctx context.Context, retryID string) (*retrydv1.Awai
 		}
 		if cerr := contextEnded(ctx, err); cerr != nil {
 			return nil, cerr
+		}
+		if delay, ok := RetryDelay(err); ok && status.Code(err) == codes.ResourceExhausted {
+			// The awaiter bounds are full: wait as long as the server asks.
+			if err := sleep(ctx, delay); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		if !reattachable(err) {
 			return nil, err
@@ -213,8 +244,10 @@ func sleep(ctx context.Context, d time.Duration) error {
 // nothing changes. Cancelling a retry also closes its chain, so the next
 // failure starts again at retry 1.
 func (c *Client) CancelRetry(ctx context.Context, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
-		Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: retryID},
+	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.CancelRetriesResponse, error) {
+		return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+			Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: retryID},
+		})
 	})
 }
 
@@ -222,20 +255,26 @@ func (c *Client) CancelRetry(ctx context.Context, retryID string) (*retrydv1.Can
 // delegation, and closes its open chains (for an agent whose session
 // ends). It returns codes.NotFound for a session retryd does not know.
 func (c *Client) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
-	return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
-		Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: sessionID},
+	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.CancelRetriesResponse, error) {
+		return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+			Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: sessionID},
+		})
 	})
 }
 
 // StepSucceeded reports a successful model request: the session's open
 // chains close, so its next failure starts again at retry 1.
 func (c *Client) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
-	return c.rpc.StepSucceeded(ctx, req)
+	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.StepSucceededResponse, error) {
+		return c.rpc.StepSucceeded(ctx, req)
+	})
 }
 
 // GetChains reads a session's retry chains and its latest turn and step.
 func (c *Client) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
-	return c.rpc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: sessionID})
+	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.GetChainsResponse, error) {
+		return c.rpc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: sessionID})
+	})
 }
 
 // ProviderState reads the fleet protection of one provider for the

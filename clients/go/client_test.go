@@ -137,7 +137,7 @@ func TestClose(t *testing.T) {
 		t.Errorf("the caller's connection stopped working after Close: %v", err)
 	}
 
-	owned, err := retryd.New(ts.srv.Addr, retryd.WithReattachBackoff(0, 0))
+	owned, err := retryd.New(ts.srv.Addr, retryd.WithInsecure(), retryd.WithReattachBackoff(0, 0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,7 +167,7 @@ func TestConformance(t *testing.T) {
 	}
 	// The vectors' server config protects the fleet vector's providers.
 	srv := retrydtest.Start(t, "--config", filepath.Join(root, "testdata", "conformance", "retryd.yaml"))
-	client, err := retryd.New(srv.Addr)
+	client, err := retryd.New(srv.Addr, retryd.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
 	}

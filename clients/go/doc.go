@@ -8,7 +8,7 @@
 // (AwaitRetry, re-attaching if the stream breaks), and cancels the retry on
 // the server if the agent gives up first:
 //
-//	client, err := retryd.New("127.0.0.1:7700")
+//	client, err := retryd.New("127.0.0.1:7700", retryd.WithInsecure()) // a local retryd
 //	if err != nil {
 //		return err
 //	}
@@ -50,9 +50,19 @@
 // WithInsecureBearerToken over any connection (loopback, a sidecar that
 // encrypts the hop, tests).
 //
+// New connects over TLS unless WithInsecure asks for plaintext by name,
+// balances round_robin over the target's addresses and lets gRPC retry
+// the idempotent calls on UNAVAILABLE (ServiceConfig); a RESOURCE_EXHAUSTED
+// refusal with a RetryInfo is sent again after the delay it names.
+//
+// Classify turns what a model provider answered (status, headers, error
+// body, a client error, a dropped stream, an empty completion) into the
+// Failure and Replay of a report, by the rules every retryd client shares.
+//
 // Options follow connect-go's pattern: Option is an interface with an
-// unexported method, built by WithDialOptions, WithBearerToken,
-// WithInsecureBearerToken, WithReattachBackoff and WithCancelTimeout.
+// unexported method, built by WithTLS, WithInsecure, WithDialOptions,
+// WithBearerToken, WithInsecureBearerToken, WithReattachBackoff,
+// WithCancelTimeout and WithExhaustedRetries.
 //
 // The Example functions of this package are its runnable documentation.
 // They talk to a real retryd server that the package's TestMain builds

@@ -36,7 +36,7 @@ func exactPolicy() *retrydv1.RetryPolicy {
 // An agent loop whose model request keeps failing with a rate limit: it
 // retries when retryd says so and delegates once the budget is used.
 func ExampleClient_Recover() {
-	client, err := retryd.New(retrydAddr)
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func ExampleClient_Recover() {
 // When the agent gives up while a retry backs off (here its context times
 // out), Recover cancels the retry on the server and returns ctx.Err().
 func ExampleClient_Recover_contextEnds() {
-	client, err := retryd.New(retrydAddr,
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure(),
 		retryd.WithReattachBackoff(100*time.Millisecond, 5*time.Second),
 		retryd.WithCancelTimeout(2*time.Second),
 	)
@@ -112,7 +112,7 @@ func ExampleClient_Recover_contextEnds() {
 // A successful step closes the session's chains: the next failure is
 // retry 1 again.
 func ExampleClient_StepSucceeded() {
-	client, err := retryd.New(retrydAddr)
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func ExampleClient_StepSucceeded() {
 // waiting, say) learns its id from the refusal of its next report, and
 // awaits it.
 func ExampleIsRetryPending() {
-	client, err := retryd.New(retrydAddr)
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -191,7 +191,7 @@ func ExampleIsRetryPending() {
 
 // A report the server cannot accept names every bad field.
 func ExampleFieldViolations() {
-	client, err := retryd.New(retrydAddr)
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func ExampleFieldViolations() {
 // WatchEvents iterates over a session's event log; StopAtEnd ends the
 // iteration once every recorded event was read.
 func ExampleClient_WatchEvents() {
-	client, err := retryd.New(retrydAddr)
+	client, err := retryd.New(retrydAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func ExampleClient_WatchEvents() {
 // ProviderState then reads the fleet protection of a provider for the
 // token's tenant.
 func ExampleWithInsecureBearerToken() {
-	client, err := retryd.New(tenantAddr, retryd.WithInsecureBearerToken(exampleToken))
+	client, err := retryd.New(tenantAddr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(exampleToken))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func ExampleWithInsecureBearerToken() {
 	fmt.Printf("deepseek: protected %v, budget %v of %v, %v\n",
 		st.GetProtected(), st.GetBudgetTokens(), st.GetBudgetCapacity(), st.GetCircuit())
 
-	anonymous, err := retryd.New(tenantAddr)
+	anonymous, err := retryd.New(tenantAddr, retryd.WithInsecure())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func ExampleWithInsecureBearerToken() {
 // nothing recorded, so the agent may report it again after the delay the
 // server names, or hand it to its next recovery policy.
 func ExampleIsLimitReached() {
-	client, err := retryd.New(tenantAddr, retryd.WithInsecureBearerToken(exampleToken))
+	client, err := retryd.New(tenantAddr, retryd.WithInsecure(), retryd.WithInsecureBearerToken(exampleToken))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -30,7 +30,7 @@ type testServer struct {
 func startServer(t *testing.T, args ...string) *testServer {
 	t.Helper()
 	srv := retrydtest.Start(t, args...)
-	client, err := retryd.New(srv.Addr)
+	client, err := retryd.New(srv.Addr, retryd.WithInsecure())
 	if err != nil {
 		t.Fatal(err)
 	}

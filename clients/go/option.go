@@ -1,9 +1,12 @@
 package retryd
 
 import (
+	"crypto/tls"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Defaults of the options.
@@ -16,6 +19,10 @@ const (
 	// DefaultCancelTimeout bounds the CancelRetries call Recover makes when
 	// the caller's context ends while it waits.
 	DefaultCancelTimeout = 5 * time.Second
+	// DefaultExhaustedRetries is how often a call refused with
+	// RESOURCE_EXHAUSTED and a RetryInfo is sent again after the delay the
+	// server asked for.
+	DefaultExhaustedRetries = 2
 )
 
 // Option configures a Client. Options are values built by the With…
@@ -26,19 +33,24 @@ type Option interface {
 }
 
 type options struct {
-	dialOptions     []grpc.DialOption
-	reattachInitial time.Duration
-	reattachMax     time.Duration
-	cancelTimeout   time.Duration
+	// transport is the connection's transport credentials (New); nil
+	// means TLS with the system's roots.
+	transport        credentials.TransportCredentials
+	dialOptions      []grpc.DialOption
+	exhaustedRetries int
+	reattachInitial  time.Duration
+	reattachMax      time.Duration
+	cancelTimeout    time.Duration
 	// token is the bearer token sent with every call; nil: none.
 	token *bearerToken
 }
 
 func newOptions(opts []Option) options {
 	o := options{
-		reattachInitial: DefaultReattachInitial,
-		reattachMax:     DefaultReattachMax,
-		cancelTimeout:   DefaultCancelTimeout,
+		reattachInitial:  DefaultReattachInitial,
+		reattachMax:      DefaultReattachMax,
+		cancelTimeout:    DefaultCancelTimeout,
+		exhaustedRetries: DefaultExhaustedRetries,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -52,10 +64,45 @@ type optionFunc func(*options)
 
 func (f optionFunc) apply(o *options) { f(o) }
 
+// WithTLS makes New connect over TLS with cfg (nil: the system's roots and
+// the target's host name), which is also what New does without a
+// transport option.
+func WithTLS(cfg *tls.Config) Option {
+	return optionFunc(func(o *options) {
+		if cfg == nil {
+			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		o.transport = credentials.NewTLS(cfg)
+	})
+}
+
+// WithInsecure makes New connect in plaintext, without transport
+// security: for a retryd on loopback, a sidecar, or a mesh that encrypts
+// the hop. New never falls back to plaintext by itself; this option is
+// the only way to ask for it. A later WithTLS replaces it.
+func WithInsecure() Option {
+	return optionFunc(func(o *options) { o.transport = insecure.NewCredentials() })
+}
+
+// WithExhaustedRetries sets how often a FailedStep, StepSucceeded,
+// GetChains or CancelRetries call that retryd refused with
+// RESOURCE_EXHAUSTED and a google.rpc.RetryInfo (admission control) is
+// sent again after the delay the server asked for, while ctx allows; 0
+// returns the first refusal. A negative n keeps the default
+// (DefaultExhaustedRetries).
+func WithExhaustedRetries(n int) Option {
+	return optionFunc(func(o *options) {
+		if n >= 0 {
+			o.exhaustedRetries = n
+		}
+	})
+}
+
 // WithDialOptions adds gRPC dial options to the connection New creates.
-// They are applied after the client's default of insecure (plaintext)
-// transport credentials, so grpc.WithTransportCredentials here replaces
-// that default. NewFromConn ignores this option: the caller dialled.
+// They are applied after the client's own (transport credentials, the
+// service config of ServiceConfig), so grpc.WithTransportCredentials or
+// grpc.WithDefaultServiceConfig here replaces those. NewFromConn ignores
+// this option: the caller dialled.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return optionFunc(func(o *options) { o.dialOptions = append(o.dialOptions, opts...) })
 }
@@ -93,12 +140,12 @@ func WithCancelTimeout(d time.Duration) Option {
 // over a connection with transport security (grpc's
 // RequireTransportSecurity): give New TLS credentials, e.g.
 //
-//	retryd.New("retryd.agents.svc:7700",
+//	retryd.New("dns:///retryd.agents.svc:7700",
 //		retryd.WithBearerToken(token),
-//		retryd.WithDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(cfg))))
+//		retryd.WithTLS(cfg))
 //
-// With New's default plaintext transport New fails ("the credentials
-// require transport level security"); on a plaintext connection passed to
+// With WithInsecure New fails ("the credentials require transport level
+// security"); on a plaintext connection passed to
 // NewFromConn every call fails with codes.Unauthenticated, before anything
 // is sent. Use WithInsecureBearerToken where plaintext is safe.
 //

@@ -268,7 +268,7 @@ func TestRecoverReattachesAfterBrokenStream(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t)
 	proxy := startProxy(t, ts.srv.Addr)
-	client, err := retryd.New(proxy.Addr(), retryd.WithReattachBackoff(20*time.Millisecond, 200*time.Millisecond))
+	client, err := retryd.New(proxy.Addr(), retryd.WithInsecure(), retryd.WithReattachBackoff(20*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,7 +321,7 @@ func TestRecoverReportsAbandonedRetry(t *testing.T) {
 	t.Parallel()
 	ts := startServer(t, "--abandon-grace", "200ms")
 	proxy := startProxy(t, ts.srv.Addr)
-	client, err := retryd.New(proxy.Addr(), retryd.WithReattachBackoff(20*time.Millisecond, 200*time.Millisecond))
+	client, err := retryd.New(proxy.Addr(), retryd.WithInsecure(), retryd.WithReattachBackoff(20*time.Millisecond, 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

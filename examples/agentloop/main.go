@@ -134,7 +134,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		defer cancel()
 		_ = tel.Shutdown(sctx)
 	}()
-	client, err := retryd.New(*addr, retryd.WithTracerProvider(tel.Tracer))
+	client, err := retryd.New(*addr, retryd.WithInsecure(), retryd.WithTracerProvider(tel.Tracer))
 	if err != nil {
 		return err
 	}

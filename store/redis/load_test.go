@@ -37,7 +37,7 @@ func fleetClient(t *testing.T, servers ...*retrydtest.Server) *retryd.Client {
 		addrs = append(addrs, resolver.Address{Addr: s.Addr})
 	}
 	r.InitialState(resolver.State{Addresses: addrs})
-	c, err := retryd.New(r.Scheme()+":///replicas",
+	c, err := retryd.New(r.Scheme()+":///replicas", retryd.WithInsecure(),
 		retryd.WithDialOptions(grpc.WithResolvers(r), grpc.WithDefaultServiceConfig(`{
 			"loadBalancingConfig": [{"round_robin": {}}],
 			"healthCheckConfig": {"serviceName": "retryd.v1.RetryService"}

@@ -1,0 +1,94 @@
+package retryd_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	retryd "github.com/retryd/retryd/clients/go"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/retrydtest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
+)
+
+// TestNewDefaultsToTLS: New without a transport option speaks TLS, so it
+// cannot talk to a plaintext retryd; WithInsecure, named, can.
+func TestNewDefaultsToTLS(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.Start(t)
+	ctx := testContext(t)
+
+	tlsClient := newClient(t, srv.Addr)
+	_, err := tlsClient.GetChains(ctx, "transport-default")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "tls") {
+		t.Errorf("GetChains over the default transport to a plaintext server = %v, want UNAVAILABLE from a TLS handshake", err)
+	}
+	plain := newClient(t, srv.Addr, retryd.WithInsecure())
+	if _, err := plain.GetChains(ctx, "transport-default"); status.Code(err) != codes.NotFound {
+		t.Errorf("GetChains with WithInsecure = %v, want NOT_FOUND (served)", err)
+	}
+}
+
+// TestServiceConfigRoundRobin: a target that resolves to two addresses
+// gets calls over both (round_robin), where pick_first would use one.
+func TestServiceConfigRoundRobin(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.Start(t)
+	a, b := startProxy(t, srv.Addr), startProxy(t, srv.Addr)
+	r := manual.NewBuilderWithScheme("retryd-rr")
+	r.InitialState(resolver.State{Addresses: []resolver.Address{{Addr: a.Addr()}, {Addr: b.Addr()}}})
+	client := newClient(t, r.Scheme()+":///replicas", retryd.WithInsecure(), retryd.WithDialOptions(grpc.WithResolvers(r)))
+	ctx := testContext(t)
+	for range 20 {
+		if _, err := client.StepSucceeded(ctx, &retrydv1.StepSucceededRequest{SessionId: "rr", Turn: 1, Step: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.Accepted() == 0 || b.Accepted() == 0 {
+		t.Errorf("connections: %d to the first address, %d to the second; want both used", a.Accepted(), b.Accepted())
+	}
+}
+
+// TestExhaustedRetryInfo: a FailedStep that admission control refuses
+// (RESOURCE_EXHAUSTED, RetryInfo 1 s) is sent again after the delay and
+// succeeds once the bound has room; with WithExhaustedRetries(0) the
+// refusal is returned.
+func TestExhaustedRetryInfo(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.Start(t, "--max-pending-retries-per-tenant", "1")
+	ctx := testContext(t)
+	client := newClient(t, srv.Addr, retryd.WithInsecure())
+	impatient := newClient(t, srv.Addr, retryd.WithInsecure(), retryd.WithExhaustedRetries(0))
+
+	// The bound's one pending retry: 10 s of backoff.
+	holder, err := client.FailedStep(ctx, failedStep("exhausted-holder", 1, 1, backoffPolicy(10_000, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = impatient.FailedStep(ctx, failedStep("exhausted-impatient", 1, 1, backoffPolicy(10, 2)))
+	if bound, ok := retryd.IsLimitReached(err); !ok {
+		t.Fatalf("FailedStep over the bound with WithExhaustedRetries(0) = %v, want LIMIT_REACHED", err)
+	} else if delay, _ := retryd.RetryDelay(err); bound != "pending_retries_per_tenant" || delay != time.Second {
+		t.Fatalf("refusal: bound %q, RetryInfo %v; want pending_retries_per_tenant, 1s", bound, delay)
+	}
+
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		_, _ = client.CancelRetry(ctx, holder.GetDecision().GetSchedule().GetRetryId())
+	}()
+	start := time.Now()
+	resp, err := client.FailedStep(ctx, failedStep("exhausted-patient", 1, 1, backoffPolicy(10, 2)))
+	if err != nil {
+		t.Fatalf("FailedStep honouring RetryInfo: %v", err)
+	}
+	if resp.GetDecision().GetSchedule() == nil {
+		t.Errorf("decision = %v, want a schedule", resp.GetDecision())
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("answered after %v; want at least the 1 s the RetryInfo asked for", took)
+	}
+}

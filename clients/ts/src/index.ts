@@ -9,7 +9,10 @@
 // generated messages, enums and schemas are re-exported as they are.
 
 export * from "./client.js";
+export * from "./classify.js";
 export * from "./errors.js";
+export * from "./local.js";
+export * from "./policy.js";
 export * from "./render.js";
 export * from "./token.js";
 export * from "./gen/retryd/v1/events_pb.js";

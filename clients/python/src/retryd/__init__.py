@@ -1,0 +1,74 @@
+"""retryd: the Python client of retryd, the retry-decision service for
+fleets of LLM agent loops.
+
+Client (synchronous) and AsyncClient (asyncio, grpc.aio) wrap the
+RetryService with recover(), the agent loop's one call for a failed model
+request; the error helpers read retryd's google.rpc details; render_retry is
+the status-line renderer. The generated messages are in retryd.v1
+(events_pb2, policy_pb2, retry_service_pb2).
+"""
+
+from ._transport import TransportCredentials, insecure, tls, tls_credentials
+from ._version import __version__
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
+    ERROR_DOMAIN,
+    Reason,
+    error_info,
+    error_reason,
+    field_violations,
+    is_limit_reached,
+    is_policy_not_allowed,
+    is_provider_not_allowed,
+    is_retry_pending,
+    retry_delay,
+    retry_info,
+    status_code,
+)
+from .outcome import (
+    DEFAULT_CANCEL_TIMEOUT,
+    DEFAULT_REATTACH_INITIAL,
+    DEFAULT_REATTACH_MAX,
+    Cancellation,
+    NoDecisionError,
+    OperationCancelled,
+    Outcome,
+    RecoverAbortedError,
+    StreamEndedError,
+)
+from .render import format_delay, render_retry, retry_denominator
+
+__all__ = [
+    "AsyncClient",
+    "Cancellation",
+    "Client",
+    "DEFAULT_CANCEL_TIMEOUT",
+    "DEFAULT_REATTACH_INITIAL",
+    "DEFAULT_REATTACH_MAX",
+    "ERROR_DOMAIN",
+    "NoDecisionError",
+    "OperationCancelled",
+    "Outcome",
+    "Reason",
+    "RecoverAbortedError",
+    "StreamEndedError",
+    "TransportCredentials",
+    "__version__",
+    "error_info",
+    "error_reason",
+    "field_violations",
+    "format_delay",
+    "insecure",
+    "is_limit_reached",
+    "is_policy_not_allowed",
+    "is_provider_not_allowed",
+    "is_retry_pending",
+    "render_retry",
+    "retry_delay",
+    "retry_denominator",
+    "retry_info",
+    "status_code",
+    "tls",
+    "tls_credentials",
+]

@@ -1,0 +1,274 @@
+"""The asyncio client over grpc.aio: the same calls as Client, as
+coroutines, and recover(), which cancels the retry on the server when its
+task is cancelled."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional, Sequence, Tuple, cast
+
+import grpc
+import grpc.aio
+
+from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
+from .outcome import (
+    DEFAULT_CANCEL_TIMEOUT,
+    DEFAULT_REATTACH_INITIAL,
+    DEFAULT_REATTACH_MAX,
+    NoDecisionError,
+    Outcome,
+    RecoverAbortedError,
+    StreamEndedError,
+    jittered,
+    positive,
+    reattachable,
+)
+from .v1 import events_pb2, retry_service_pb2, retry_service_pb2_grpc
+
+pb = retry_service_pb2
+
+
+class _TimedOut(Exception):
+    """The call's own timeout passed."""
+
+
+class _Deadline:
+    def __init__(self, timeout: Optional[float]) -> None:
+        self.at = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> Optional[float]:
+        if self.at is None:
+            return None
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise _TimedOut()
+        return left
+
+    def ended(self, err: BaseException) -> bool:
+        if self.at is None:
+            return False
+        if time.monotonic() >= self.at:
+            return True
+        return isinstance(err, grpc.RpcError) and hasattr(err, "code") and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class AsyncClient:
+    """The asyncio twin of Client, over grpc.aio; the same arguments.
+    Create it inside the running event loop and close it with
+    ``await client.close()`` (or ``async with``).
+
+    Cancelling the task of a call cancels the call; cancelling the task of
+    a waiting recover() also cancels the retry on the server."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        credentials: TransportCredentials,
+        bearer_token: Optional[str] = None,
+        insecure_bearer_token: Optional[str] = None,
+        traceparent: Optional[TraceparentSource] = None,
+        reattach_initial: Optional[float] = None,
+        reattach_max: Optional[float] = None,
+        cancel_timeout: Optional[float] = None,
+        options: Sequence[Tuple[str, Any]] = (),
+    ) -> None:
+        self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
+        opts = channel_options(options)
+        if credentials.channel_credentials is not None:
+            self._channel = grpc.aio.secure_channel(target, credentials.channel_credentials, options=opts)
+        else:
+            self._channel = grpc.aio.insecure_channel(target, options=opts)
+        self._stub: Any = retry_service_pb2_grpc.RetryServiceStub(self._channel)
+        self._reattach_initial = positive(reattach_initial, DEFAULT_REATTACH_INITIAL)
+        self._reattach_max = max(self._reattach_initial, positive(reattach_max, DEFAULT_REATTACH_MAX))
+        self._cancel_timeout = positive(cancel_timeout, DEFAULT_CANCEL_TIMEOUT)
+
+    async def close(self) -> None:
+        """Closes the channel (and every call on it)."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def failed_step(
+        self, request: pb.FailedStepRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.FailedStepResponse:
+        """See Client.failed_step."""
+        return cast(
+            pb.FailedStepResponse,
+            await self._stub.FailedStep(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+        )
+
+    async def await_retry(
+        self, retry_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.AwaitRetryResponse:
+        """See Client.await_retry: the terminal message, re-attaching while
+        the stream breaks; TimeoutError when timeout passes. Cancelling the
+        task ends the wait; it does not cancel the retry (recover does)."""
+        try:
+            return await self._await(retry_id, _Deadline(timeout), self._md.for_call(traceparent))
+        except _TimedOut:
+            raise TimeoutError("retryd: the call's timeout passed") from None
+
+    async def _await(
+        self, retry_id: str, deadline: _Deadline, metadata: Sequence[Tuple[str, str]]
+    ) -> pb.AwaitRetryResponse:
+        backoff = self._reattach_initial
+        while True:
+            attached = False
+            call = self._stub.AwaitRetry(
+                pb.AwaitRetryRequest(retry_id=retry_id), timeout=deadline.remaining(), metadata=metadata
+            )
+            try:
+                async for msg in call:
+                    kind = msg.WhichOneof("message")
+                    if kind == "state":
+                        attached = True
+                    elif kind in ("started", "cancelled"):
+                        return cast(pb.AwaitRetryResponse, msg)
+                raise StreamEndedError(f"retryd: AwaitRetry {retry_id} ended without started or cancelled")
+            except (grpc.RpcError, StreamEndedError) as err:
+                if deadline.ended(err):
+                    raise _TimedOut() from None
+                if not reattachable(err):
+                    raise
+            finally:
+                call.cancel()
+            if attached:
+                backoff = self._reattach_initial
+            delay = jittered(backoff)
+            left = deadline.remaining()
+            await asyncio.sleep(delay if left is None else min(delay, left))
+            backoff = min(2 * backoff, self._reattach_max)
+
+    async def recover(
+        self, request: pb.FailedStepRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> Outcome:
+        """See Client.recover. If timeout passes while it waits, it cancels
+        the retry on the server and raises RecoverAbortedError. If its task
+        is cancelled while it waits (task.cancel(), asyncio.timeout,
+        asyncio.wait_for), it cancels the retry on the server (bounded by
+        cancel_timeout) and raises the CancelledError again, so the
+        caller's timeout and task group behave as usual."""
+        deadline = _Deadline(timeout)
+        metadata = self._md.for_call(traceparent)
+        try:
+            resp = await self._stub.FailedStep(request, timeout=deadline.remaining(), metadata=metadata)
+        except _TimedOut:
+            raise TimeoutError("retryd: the call's timeout passed") from None
+        outcome = resp.decision.WhichOneof("outcome")
+        if outcome == "delegate":
+            return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate)
+        if outcome != "schedule":
+            raise NoDecisionError("retryd: FailedStep answered neither schedule nor delegate")
+        schedule = resp.decision.schedule
+        try:
+            term = await self._await(schedule.retry_id, deadline, metadata)
+        except _TimedOut:
+            raise await self._cancel_waiting(schedule, resp.event, metadata, "timeout") from None
+        except asyncio.CancelledError:
+            await self._cancel_waiting(schedule, resp.event, metadata, "cancelled")
+            raise
+        if term.WhichOneof("message") == "started":
+            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=term.started)
+        return Outcome(kind="cancelled", event=resp.event, schedule=schedule, cancelled=term.cancelled)
+
+    async def _cancel_waiting(
+        self, schedule: pb.Schedule, event: events_pb2.Event, metadata: Sequence[Tuple[str, str]], reason: Any
+    ) -> RecoverAbortedError:
+        try:
+            resp = await self._stub.CancelRetries(
+                pb.CancelRetriesRequest(retry_id=schedule.retry_id), timeout=self._cancel_timeout, metadata=metadata
+            )
+        except grpc.RpcError as err:
+            return RecoverAbortedError(reason, schedule, event, cancel_error=err)
+        for st in resp.retries:
+            if st.retry_id == schedule.retry_id:
+                return RecoverAbortedError(
+                    reason,
+                    schedule,
+                    event,
+                    cancelled=st.cancelled if st.HasField("cancelled") else None,
+                    started=st.started if st.HasField("started") else None,
+                )
+        return RecoverAbortedError(reason, schedule, event)
+
+    async def cancel_retry(
+        self, retry_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.CancelRetriesResponse:
+        """See Client.cancel_retry."""
+        return cast(
+            pb.CancelRetriesResponse,
+            await self._stub.CancelRetries(
+                pb.CancelRetriesRequest(retry_id=retry_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            ),
+        )
+
+    async def cancel_session(
+        self, session_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.CancelRetriesResponse:
+        """See Client.cancel_session."""
+        return cast(
+            pb.CancelRetriesResponse,
+            await self._stub.CancelRetries(
+                pb.CancelRetriesRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            ),
+        )
+
+    async def step_succeeded(
+        self, request: pb.StepSucceededRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.StepSucceededResponse:
+        """See Client.step_succeeded."""
+        return cast(
+            pb.StepSucceededResponse,
+            await self._stub.StepSucceeded(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+        )
+
+    async def get_chains(
+        self, session_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.GetChainsResponse:
+        """See Client.get_chains."""
+        return cast(
+            pb.GetChainsResponse,
+            await self._stub.GetChains(
+                pb.GetChainsRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            ),
+        )
+
+    async def get_provider_state(
+        self, provider: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> pb.GetProviderStateResponse:
+        """See Client.get_provider_state."""
+        return cast(
+            pb.GetProviderStateResponse,
+            await self._stub.GetProviderState(
+                pb.GetProviderStateRequest(provider=provider), timeout=timeout, metadata=self._md.for_call(traceparent)
+            ),
+        )
+
+    async def watch_events(
+        self, request: pb.WatchEventsRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+    ) -> AsyncIterator[events_pb2.Event]:
+        """See Client.watch_events; cancel the consuming task, or stop
+        iterating, to end it."""
+        deadline = _Deadline(timeout)
+        try:
+            call = self._stub.WatchEvents(
+                request, timeout=deadline.remaining(), metadata=self._md.for_call(traceparent)
+            )
+        except _TimedOut:
+            raise TimeoutError("retryd: the call's timeout passed") from None
+        try:
+            async for resp in call:
+                yield resp.event
+        except grpc.RpcError as err:
+            if deadline.ended(err):
+                raise TimeoutError("retryd: the call's timeout passed") from None
+            raise
+        finally:
+            call.cancel()

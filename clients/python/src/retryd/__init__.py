@@ -4,13 +4,17 @@ fleets of LLM agent loops.
 Client (synchronous) and AsyncClient (asyncio, grpc.aio) wrap the
 RetryService with recover(), the agent loop's one call for a failed model
 request; the error helpers read retryd's google.rpc details; render_retry is
-the status-line renderer. The generated messages are in retryd.v1
-(events_pb2, policy_pb2, retry_service_pb2).
+the status-line renderer; classify turns a provider's error into the
+Failure to report; retryd.policy is the server's policy engine, ported. The
+generated messages are in retryd.v1 (events_pb2, policy_pb2,
+retry_service_pb2).
 """
 
+from . import policy
 from ._transport import TransportCredentials, insecure, tls, tls_credentials
 from ._version import __version__
 from .aio import AsyncClient
+from .classify import Classification, ErrorKind, ProviderFailure, classify, error_kind_of
 from .client import Client
 from .errors import (
     ERROR_DOMAIN,
@@ -42,7 +46,10 @@ from .render import format_delay, render_retry, retry_denominator
 __all__ = [
     "AsyncClient",
     "Cancellation",
+    "Classification",
     "Client",
+    "ErrorKind",
+    "ProviderFailure",
     "DEFAULT_CANCEL_TIMEOUT",
     "DEFAULT_REATTACH_INITIAL",
     "DEFAULT_REATTACH_MAX",
@@ -55,6 +62,9 @@ __all__ = [
     "StreamEndedError",
     "TransportCredentials",
     "__version__",
+    "classify",
+    "error_kind_of",
+    "policy",
     "error_info",
     "error_reason",
     "field_violations",

@@ -12,7 +12,12 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
@@ -23,6 +28,12 @@ import (
 type Client struct {
 	rpc  retrydv1.RetryServiceClient
 	opts options
+
+	// Degraded mode: local chains, the decision counter and the tracer of
+	// local decisions.
+	local     *localState
+	decisions metric.Int64Counter
+	tracer    trace.Tracer
 
 	// conn is the connection New created (nil for NewFromConn): Close
 	// closes only that one.
@@ -59,6 +70,11 @@ func New(target string, opts ...Option) (*Client, error) {
 	dial := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(ServiceConfig),
+		// Reconnect within a couple of seconds of a replica's return, so
+		// that the first call after an outage reaches it.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
+			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second,
+		}, MinConnectTimeout: 5 * time.Second}),
 	}, o.dialOptions...)
 	if o.token != nil {
 		if err := o.token.check(); err != nil {
@@ -70,8 +86,33 @@ func New(target string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("retryd: grpc.NewClient %q: %w", target, err)
 	}
-	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: o, conn: conn}, nil
+	c := newClient(retrydv1.NewRetryServiceClient(conn), o)
+	c.conn = conn
+	return c, nil
 }
+
+func newClient(rpc retrydv1.RetryServiceClient, o options) *Client {
+	mp := o.meterProvider
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	tp := o.tracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	// The counter of a valid name cannot fail to be created; a broken
+	// provider's error leaves a no-op counter.
+	decisions, err := mp.Meter(instrumentationName).Int64Counter("retryd.client.decisions",
+		metric.WithDescription("Decisions the client returned for failed steps, by whether they were local (degraded mode)."))
+	if err != nil {
+		decisions = noop.Int64Counter{}
+	}
+	return &Client{rpc: rpc, opts: o, local: newLocalState(o.localChains),
+		decisions: decisions, tracer: tp.Tracer(instrumentationName)}
+}
+
+// instrumentationName names the client's tracer and meter.
+const instrumentationName = "github.com/retryd/retryd/clients/go"
 
 // NewFromConn creates a client over a connection the caller owns and
 // closes; the client's Close leaves it open. WithDialOptions has no effect
@@ -83,7 +124,7 @@ func NewFromConn(conn grpc.ClientConnInterface, opts ...Option) *Client {
 	if o.token != nil {
 		conn = tokenConn{ClientConnInterface: conn, token: o.token}
 	}
-	return &Client{rpc: retrydv1.NewRetryServiceClient(conn), opts: o}
+	return newClient(retrydv1.NewRetryServiceClient(conn), o)
 }
 
 // Close closes the connection New created; for a client from NewFromConn
@@ -133,6 +174,23 @@ func (c *Client) FailedStep(ctx context.Context, req *retrydv1.FailedStepRequest
 // of ctx's deadline passes a moment before ctx's own timer fires); it does
 // not cancel the retry (Recover does).
 func (c *Client) AwaitRetry(ctx context.Context, retryID string) (*retrydv1.AwaitRetryResponse, error) {
+	return c.awaitRetry(ctx, retryID, time.Time{})
+}
+
+// awaitUnreachableError is awaitRetry's answer when it stopped
+// re-attaching at its give-up time.
+type awaitUnreachableError struct{ err error }
+
+func (e *awaitUnreachableError) Error() string {
+	return "retryd: AwaitRetry could not re-attach: " + e.err.Error()
+}
+
+func (e *awaitUnreachableError) Unwrap() error { return e.err }
+
+// awaitRetry is AwaitRetry that, when giveUp is not zero, stops
+// re-attaching once giveUp has passed and returns an
+// *awaitUnreachableError.
+func (c *Client) awaitRetry(ctx context.Context, retryID string, giveUp time.Time) (*retrydv1.AwaitRetryResponse, error) {
 	wait := c.opts.reattachInitial
 	for {
 		term, attached, err := c.awaitOnce(ctx, retryID)
@@ -151,6 +209,9 @@ func (c *Client) AwaitRetry(ctx context.Context, retryID string) (*retrydv1.Awai
 		}
 		if !reattachable(err) {
 			return nil, err
+		}
+		if !giveUp.IsZero() && time.Now().After(giveUp) {
+			return nil, &awaitUnreachableError{err: err}
 		}
 		if attached {
 			wait = c.opts.reattachInitial
@@ -255,6 +316,7 @@ func (c *Client) CancelRetry(ctx context.Context, retryID string) (*retrydv1.Can
 // delegation, and closes its open chains (for an agent whose session
 // ends). It returns codes.NotFound for a session retryd does not know.
 func (c *Client) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
+	c.local.closeSession(sessionID)
 	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.CancelRetriesResponse, error) {
 		return c.rpc.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
 			Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: sessionID},
@@ -263,8 +325,11 @@ func (c *Client) CancelSession(ctx context.Context, sessionID string) (*retrydv1
 }
 
 // StepSucceeded reports a successful model request: the session's open
-// chains close, so its next failure starts again at retry 1.
+// chains close, so its next failure starts again at retry 1. The
+// session's local chains (degraded mode) close too, whether or not the
+// call reaches retryd.
 func (c *Client) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
+	c.local.closeSession(req.GetSessionId())
 	return honorRetryInfo(ctx, c.opts.exhaustedRetries, func() (*retrydv1.StepSucceededResponse, error) {
 		return c.rpc.StepSucceeded(ctx, req)
 	})

@@ -4,6 +4,9 @@ import (
 	"crypto/tls"
 	"time"
 
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,6 +46,16 @@ type options struct {
 	cancelTimeout    time.Duration
 	// token is the bearer token sent with every call; nil: none.
 	token *bearerToken
+
+	// Degraded mode.
+	decisionTimeout time.Duration
+	failClosed      bool
+	localBudget     uint32
+	localBudgetSet  bool
+	localChains     int
+	localPolicies   map[string]*retrydv1.RetryPolicy
+	tracerProvider  trace.TracerProvider
+	meterProvider   metric.MeterProvider
 }
 
 func newOptions(opts []Option) options {
@@ -51,6 +64,9 @@ func newOptions(opts []Option) options {
 		reattachMax:      DefaultReattachMax,
 		cancelTimeout:    DefaultCancelTimeout,
 		exhaustedRetries: DefaultExhaustedRetries,
+		decisionTimeout:  DefaultDecisionTimeout,
+		localBudget:      DefaultLocalRetryBudget,
+		localChains:      DefaultLocalChains,
 	}
 	for _, opt := range opts {
 		if opt != nil {
@@ -167,4 +183,69 @@ func WithBearerToken(token string) Option {
 // sidecar or service mesh that encrypts the hop (mTLS), or tests.
 func WithInsecureBearerToken(token string) Option {
 	return optionFunc(func(o *options) { o.token = &bearerToken{token: token, insecure: true} })
+}
+
+// WithDecisionTimeout bounds how long Recover waits for retryd's answer to
+// a FailedStep (gRPC's own retries on UNAVAILABLE included) before it
+// decides locally (degraded mode) or, with WithFailClosed, returns the
+// error. A non-positive d keeps the default (DefaultDecisionTimeout).
+// Recover also starts a retry of the server's by itself when its
+// AwaitRetry cannot re-attach for this long after the retry's due time.
+func WithDecisionTimeout(d time.Duration) Option {
+	return optionFunc(func(o *options) {
+		if d > 0 {
+			o.decisionTimeout = d
+		}
+	})
+}
+
+// WithFailClosed turns degraded mode off: when no replica answers,
+// Recover returns the gRPC error instead of deciding locally, and waits
+// for an AwaitRetry to re-attach for as long as ctx allows.
+func WithFailClosed() Option {
+	return optionFunc(func(o *options) { o.failClosed = true })
+}
+
+// WithLocalRetryBudget caps the retries one chain schedules by local
+// decision: at most n under a policy without a finite budget (default
+// DefaultLocalRetryBudget), and at most min(n, maxRetries) under one with
+// a finite budget (default: its own budget).
+func WithLocalRetryBudget(n uint32) Option {
+	return optionFunc(func(o *options) { o.localBudget, o.localBudgetSet = n, true })
+}
+
+// WithLocalChains bounds how many (session, provider, policy key) chains
+// degraded mode keeps in the process (default DefaultLocalChains); the
+// least recently used is forgotten first, and its next failure starts
+// again at retry 1. A non-positive n keeps the default.
+func WithLocalChains(n int) Option {
+	return optionFunc(func(o *options) {
+		if n > 0 {
+			o.localChains = n
+		}
+	})
+}
+
+// WithLocalPolicies gives local decisions the policies the server would
+// have used for requests that carry no inline policy: by policy_name for
+// a request that names one, else by provider (the server's per-provider
+// policy). A request found in neither is decided by retryd's built-in
+// default (normal mode). Later calls add to and replace earlier entries.
+func WithLocalPolicies(policies map[string]*retrydv1.RetryPolicy) Option {
+	return optionFunc(func(o *options) {
+		if o.localPolicies == nil {
+			o.localPolicies = make(map[string]*retrydv1.RetryPolicy, len(policies))
+		}
+		for k, p := range policies {
+			o.localPolicies[k] = p
+		}
+	})
+}
+
+// WithMeterProvider records the client's decisions in the counter
+// retryd.client.decisions (attributes retryd.decision: schedule or
+// delegate, retryd.decision.local: true for degraded mode). Without it the
+// global MeterProvider of go.opentelemetry.io/otel is used.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(o *options) { o.meterProvider = mp })
 }

@@ -17,10 +17,14 @@ import (
 
 // WithTracerProvider instruments the client's calls with OpenTelemetry's
 // gRPC stats handler and propagates W3C trace context to retryd, so its
-// decision spans join the caller's trace. With NewFromConn, instrument the
-// connection yourself (otelgrpc.NewClientHandler).
+// decision spans join the caller's trace; a local decision (degraded
+// mode) gets a span of its own, "retryd.local_decision". With
+// NewFromConn, instrument the connection yourself
+// (otelgrpc.NewClientHandler); the option still gives local decisions
+// their span.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(o *options) {
+		o.tracerProvider = tp
 		o.dialOptions = append(o.dialOptions, grpc.WithStatsHandler(otelgrpc.NewClientHandler(
 			otelgrpc.WithTracerProvider(tp),
 			otelgrpc.WithPropagators(propagation.TraceContext{}))))

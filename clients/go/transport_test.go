@@ -1,6 +1,7 @@
 package retryd_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,27 @@ func TestExhaustedRetryInfo(t *testing.T) {
 	}
 	if took := time.Since(start); took < time.Second {
 		t.Errorf("answered after %v; want at least the 1 s the RetryInfo asked for", took)
+	}
+}
+
+// BenchmarkServerDecision is one FailedStep decided by a real retryd over
+// loopback (a new session each time), for comparison with
+// BenchmarkLocalDecision.
+func BenchmarkServerDecision(b *testing.B) {
+	srv := retrydtest.Start(b)
+	client, err := retryd.New(srv.Addr, retryd.WithInsecure())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
+	ctx := b.Context()
+	n := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		n++
+		resp, err := client.FailedStep(ctx, failedStep("bench-"+strconv.Itoa(n), 1, 1, backoffPolicy(5_000, 2)))
+		if err != nil || resp.GetDecision().GetSchedule() == nil {
+			b.Fatalf("FailedStep: %v, %v", resp, err)
+		}
 	}
 }

@@ -10,7 +10,7 @@ generated messages are in retryd.v1 (events_pb2, policy_pb2,
 retry_service_pb2).
 """
 
-from . import policy
+from . import local, policy
 from ._transport import TransportCredentials, insecure, tls, tls_credentials
 from ._version import __version__
 from .aio import AsyncClient
@@ -30,6 +30,7 @@ from .errors import (
     retry_info,
     status_code,
 )
+from .local import LocalDecider, is_local
 from .outcome import (
     DEFAULT_CANCEL_TIMEOUT,
     DEFAULT_REATTACH_INITIAL,
@@ -47,6 +48,7 @@ __all__ = [
     "AsyncClient",
     "Cancellation",
     "Classification",
+    "LocalDecider",
     "Client",
     "ErrorKind",
     "ProviderFailure",
@@ -64,6 +66,8 @@ __all__ = [
     "__version__",
     "classify",
     "error_kind_of",
+    "is_local",
+    "local",
     "policy",
     "error_info",
     "error_reason",

@@ -32,7 +32,11 @@ class Outcome:
     instead of started, by a CancelRetries call, as abandoned, at server
     shutdown or on expiry: schedule and cancelled are set). event is the
     event record of the decision (scheduled or delegated), for the agent to
-    append to its own history."""
+    append to its own history.
+
+    local is True when the client decided (or started the retry) itself in
+    degraded mode because no retryd replica answered; its records are then
+    marked local (retryd.is_local)."""
 
     kind: OutcomeKind
     event: events_pb2.Event
@@ -40,6 +44,7 @@ class Outcome:
     started: Optional[events_pb2.RetryStarted] = None
     delegate: Optional[retry_service_pb2.Delegate] = None
     cancelled: Optional[events_pb2.RetryCancelled] = None
+    local: bool = False
 
     @property
     def retry(self) -> bool:

@@ -76,7 +76,7 @@ class PolicyValidationError(ValueError):
 class ResolvedPolicy:
     """A resolved retry policy: every default filled in, validated, keyed."""
 
-    mode: int
+    mode: "policy_pb2.Mode"
     max_retries: int
     """The finite budget; meaningful only when bounded."""
     bounded: bool
@@ -86,10 +86,10 @@ class ResolvedPolicy:
     max_delay_ms: int
     multiplier: float
     jitter_ratio: float
-    jitter: int
+    jitter: "policy_pb2.Jitter"
     schedule: Tuple[int, ...]
     tail_delay_ms: int
-    over_cap: int
+    over_cap: "policy_pb2.RetryAfterOverCap"
     min_attempt_ms: int
     key: str
     """The canonical policy key, identical to the server's."""
@@ -118,8 +118,8 @@ class Attempt:
     """How many retries the chain has already scheduled."""
     code: str
     retry_after: RetryAfter = NO_RETRY_AFTER
-    downstream: int = R.DOWNSTREAM_UNSPECIFIED
-    replay: int = R.REPLAY_UNSPECIFIED
+    downstream: "events_pb2.Downstream" = R.DOWNSTREAM_UNSPECIFIED
+    replay: "events_pb2.Replay" = R.REPLAY_UNSPECIFIED
     deadline_ms: Optional[float] = None
     """The logical operation's deadline in ms since the epoch."""
 
@@ -132,8 +132,8 @@ class Decision:
     schedule: bool
     retry_number: int = 0
     delay_ms: int = 0
-    source: int = R.DELAY_SOURCE_UNSPECIFIED
-    reason: int = R.DELEGATE_REASON_UNSPECIFIED
+    source: "events_pb2.DelaySource" = R.DELAY_SOURCE_UNSPECIFIED
+    reason: "events_pb2.DelegateReason" = R.DELEGATE_REASON_UNSPECIFIED
     detail: str = ""
 
 
@@ -365,7 +365,7 @@ def _go_round(x: float) -> int:
     return int(math.floor(x + 0.5)) if x >= 0 else -int(math.floor(-x + 0.5))
 
 
-def _local_delay(p: ResolvedPolicy, n: int, rand: Rand) -> Tuple[int, int]:
+def _local_delay(p: ResolvedPolicy, n: int, rand: Rand) -> "Tuple[int, events_pb2.DelaySource]":
     if p.mode == Mode.MODE_SCHEDULE:
         if n <= len(p.schedule):
             return p.schedule[n - 1], R.DELAY_SOURCE_SCHEDULE
@@ -377,7 +377,7 @@ def _local_delay(p: ResolvedPolicy, n: int, rand: Rand) -> Tuple[int, int]:
     return lo + _go_round(u * float(hi - lo)), R.DELAY_SOURCE_BACKOFF
 
 
-def _delegate(reason: int, detail: str) -> Decision:
+def _delegate(reason: "events_pb2.DelegateReason", detail: str) -> Decision:
     return Decision(schedule=False, reason=reason, detail=detail)
 
 
@@ -584,7 +584,7 @@ def go_float(f: float, exp_at: int = 6) -> str:
     return f"{neg}{ds[:exp10 + 1]}.{ds[exp10 + 1:]}"
 
 
-def _mode_name(m: int) -> str:
+def _mode_name(m: "policy_pb2.Mode") -> str:
     return str(Mode.Name(m)).removeprefix("MODE_").lower()
 
 

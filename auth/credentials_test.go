@@ -27,7 +27,7 @@ var (
 	hashC = auth.HashToken(tokenC)
 )
 
-// exampleFile is the file of the README.
+// exampleFile is the file of docs/security.md.
 var exampleFile = `
 tenants:
   - id: team-a
@@ -54,7 +54,7 @@ func TestHashToken(t *testing.T) {
 	}
 }
 
-// TestParseExample: the README's file loads; tokens (hashes in either
+// TestParseExample: docs/security.md's file loads; tokens (hashes in either
 // case) and certificate identities map to their tenants with their
 // allow-lists; absent lists mean any, [] means none.
 func TestParseExample(t *testing.T) {

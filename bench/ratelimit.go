@@ -1,8 +1,8 @@
 package bench
 
 // The envoyproxy/ratelimit target of the Redis part (Config.RatelimitBin):
-// the Redis-backed peer issue #8 names, a gRPC service doing one Redis
-// round trip per decision. The harness never builds or downloads it: it
+// the Redis-backed peer of docs/benchmarks.md, a gRPC service doing one
+// Redis round trip per decision. The harness never builds or downloads it: it
 // runs a binary the user built (docs/benchmarks.md says how), on the
 // harness's redis-server, bound to loopback only, with a generated
 // configuration of one domain and one descriptor, key "session", 100

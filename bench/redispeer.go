@@ -2,8 +2,8 @@ package bench
 
 // The Redis part of the benchmark (Config.RedisPeer): one redis-server of
 // the harness's own on a free loopback port; retryd on --store redis://…
-// against it (target "retryd@redis"), and, as the one-round-trip peer of
-// issue #8, redis-benchmark running EVALSHA of a small token-bucket Lua
+// against it (target "retryd@redis"), and, as a one-round-trip peer,
+// redis-benchmark running EVALSHA of a small token-bucket Lua
 // script against the same server (target "redis EVALSHA"), one random key
 // of the same key space per call, as many connections as the harness has
 // workers, no pipelining: one network round trip per decision. Both phases

@@ -118,7 +118,8 @@ func (c *Chain) attemptList() []string {
 // store holds every retained retry of every session, and the messages,
 // with their timestamps, oneofs and message state, would make a retry
 // about twice as large and three times as many pointers for the garbage
-// collector to follow (see docs/benchmarks.md, "Compact retries").
+// collector to follow (docs/benchmarks.md measures the live heap per
+// pending session).
 type Retry struct {
 	ID        string
 	SessionID string

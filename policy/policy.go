@@ -81,7 +81,7 @@ type Policy struct {
 	OverCap      retrydv1.RetryAfterOverCap
 	MinAttemptMs uint64
 
-	// Key is the canonical policy key (see Key's format in the README).
+	// Key is the canonical policy key (its format is in docs/api.md).
 	Key string
 
 	exact    map[string]struct{}

@@ -655,7 +655,7 @@ func memoryDeployment(t *testing.T, start time.Time, policies *config.Policies) 
 
 func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
 	dir := t.TempDir()
-	// Its fleet state is the process's (README, "Fleet protection"): a
+	// Its fleet state is the process's (docs/storage.md, "Fleet state"): a
 	// restart would start it afresh, where the others keep theirs.
 	name, restartable := "file (restarted)", true
 	if policies != nil && policies.HasFleet() {
@@ -834,7 +834,7 @@ func (d *deployment) pending(t *testing.T, tenant, session string) bool {
 
 // comparable is what the deployment's canonical answer should be when
 // the reference's is ref: with partitions, sequences are not compared,
-// as each partition numbers its own events (README, "Storage"), nor when
+// as each partition numbers its own events (docs/storage.md), nor when
 // sessions call at once, as the interleaving numbers them.
 func (d *deployment) comparable(ref string) string {
 	if !d.partitioned && !d.perSession {

@@ -40,8 +40,8 @@ func BenchmarkFailedStep(b *testing.B) {
 // overstates what the observer's wake-ups cost a server: pacing them took
 // a sixth off cpu-ns/op here and nothing off retryd's CPU per call under
 // retryd-bench's load, where they put no more threads on a CPU
-// (docs/benchmarks.md, "Session 13"). Confirm a gain here under load
-// before keeping it.
+// (docs/benchmarks.md). Confirm a gain here under load before keeping
+// it.
 //
 //	go test -run '^$' -bench FailedStepDeployed -benchmem ./service/
 func BenchmarkFailedStepDeployed(b *testing.B) {

@@ -16,25 +16,25 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 )
 
-// walkStep is one command of the README's walk-through and the output the
-// README shows for it.
+// walkStep is one command of a documented walk-through and the output
+// the document shows for it.
 type walkStep struct {
 	command, output string
 }
 
-// readmeCommands returns the commands of the README section under
-// heading (up to the next heading of level 1 to 3), in order: in each
-// ```sh block, a command begins at a line "$ " and ends at the first line
-// that names the server's address or ends with " &" (every command of the
-// sections tested ends so); the lines up to the next command are its
-// output.
-func readmeCommands(t *testing.T, readme, heading string) []walkStep {
+// readmeCommands returns the commands of the section of a Markdown
+// document under heading (up to the next heading of level 1 to 3), in
+// order: in each ```sh block, a command begins at a line "$ " and ends at
+// the first line that names the server's address or ends with " &" (every
+// command of the sections tested ends so); the lines up to the next
+// command are its output.
+func readmeCommands(t *testing.T, doc, heading string) []walkStep {
 	t.Helper()
-	i := strings.Index(readme, "\n"+heading+"\n")
+	i := strings.Index(doc, "\n"+heading+"\n")
 	if i < 0 {
-		t.Fatalf("README has no %q", heading)
+		t.Fatalf("the document has no %q", heading)
 	}
-	section := readme[i+len(heading)+2:]
+	section := doc[i+len(heading)+2:]
 	if loc := nextHeading.FindStringIndex(section); loc != nil {
 		section = section[:loc[0]]
 	}
@@ -68,7 +68,7 @@ var (
 	nextHeading = regexp.MustCompile(`\n#{1,3} `)
 	// retryIDPattern matches a whole retry id (26 characters of base32).
 	retryIDPattern = regexp.MustCompile(`\b[A-Z2-7]{26}\b`)
-	// shownField matches a field the README shows with a scalar value,
+	// shownField matches a field a document shows with a scalar value,
 	// quoted (JSON) or not (grpcurl's error details): key, value.
 	shownField = regexp.MustCompile(`"?([A-Za-z_][A-Za-z0-9_]*)"?: ("(?:[^"\\]|\\.)*"|-?[0-9][0-9.]*\b|true\b|false\b)`)
 )
@@ -77,7 +77,7 @@ var (
 // and jittered delays.
 var volatileFields = map[string]bool{"retryId": true, "dueAt": true, "startedAt": true, "time": true, "delayMs": true}
 
-// expectations lists what an output the README shows promises: for every
+// expectations lists what an output a document shows promises: for every
 // field shown with a scalar value (but the volatile ones), a pattern the
 // real output must match; for every line of plain text ("ERROR:", "Code:
 // …", the verifier's summary), that line. A value or line cut short with
@@ -106,30 +106,31 @@ func expectations(shown string) (fields []*regexp.Regexp, lines []string) {
 }
 
 // TestREADMEWalkthrough runs the README's grpcurl walk-through as a new
-// user would (see runREADMESection).
+// user would (see runDocSection).
 func TestREADMEWalkthrough(t *testing.T) {
-	runREADMESection(t, "### Walk-through with grpcurl", 7)
+	runDocSection(t, "README.md", "### Walk-through with grpcurl", 7)
 }
 
-// TestREADMEAdmissionExample runs the README's example of admission
-// control: a server started with a bound of one pending retry, which
-// schedules one and refuses the next.
-func TestREADMEAdmissionExample(t *testing.T) {
-	runREADMESection(t, "### Admission control", 3)
+// TestAdmissionExample runs the example of admission control in
+// docs/operations.md: a server started with a bound of one pending retry,
+// which schedules one and refuses the next.
+func TestAdmissionExample(t *testing.T) {
+	runDocSection(t, "docs/operations.md", "### Admission control", 3)
 }
 
-// runREADMESection runs the commands of a README section, in order,
+// runDocSection runs the commands of a section of the document at path
+// (relative to the repository's root), in order,
 // against the built server: the pinned grpcurl for `grpcurl`, the built
 // binary for `go run ./cmd/retryd`, a server of the test's on a free port
 // for localhost:7700 (started with the flags of a first command `go run
 // ./cmd/retryd --listen … &`, if the section has one), and the retry ids
-// this server handed out for those the README shows. Every field the
-// README shows (but ids, times and jittered delays) must be in the real
+// this server handed out for those the document shows. Every field it
+// shows (but ids, times and jittered delays) must be in the real
 // answer, and every line of plain text in the real output; then the
 // invariant checker runs over the log. want is how many commands the
 // section had when its test was written: fewer means the parser no longer
 // finds them.
-func runREADMESection(t *testing.T, heading string, want int) {
+func runDocSection(t *testing.T, path, heading string, want int) {
 	if testing.Short() {
 		t.Skip("builds the pinned grpcurl and the server")
 	}
@@ -138,13 +139,13 @@ func runREADMESection(t *testing.T, heading string, want int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	doc, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(path)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := readmeCommands(t, string(readme), heading)
+	steps := readmeCommands(t, string(doc), heading)
 	if len(steps) < want {
-		t.Fatalf("found %d commands under %q, want the %d it had when this test was written: is the parser still right?", len(steps), heading, want)
+		t.Fatalf("found %d commands under %q in %s, want the %d it had when this test was written: is the parser still right?", len(steps), heading, path, want)
 	}
 	grpcurl, err := retrydtest.PinnedTool("tools/protoc/go.mod", "grpcurl")
 	if err != nil {
@@ -159,7 +160,7 @@ func runREADMESection(t *testing.T, heading string, want int) {
 	}
 	srv := retrydtest.Start(t, flags...)
 
-	ids := map[string]string{} // the README's retry ids → this server's
+	ids := map[string]string{} // the document's retry ids → this server's
 	checked := 0
 	for n, step := range steps {
 		cmd := strings.ReplaceAll(step.command, "localhost:7700", srv.Addr)
@@ -180,23 +181,23 @@ func runREADMESection(t *testing.T, heading string, want int) {
 		}
 		shownIDs, realIDs := firstAppearances(step.output), firstAppearances(string(out))
 		if len(shownIDs) > len(realIDs) {
-			t.Errorf("%s: the README shows retry ids %v, the server answered %v", name, shownIDs, realIDs)
+			t.Errorf("%s: %s shows retry ids %v, the server answered %v", name, path, shownIDs, realIDs)
 		}
 		for i := range min(len(shownIDs), len(realIDs)) {
 			ids[shownIDs[i]] = realIDs[i]
 		}
 		fields, lines := expectations(step.output)
 		if len(fields)+len(lines) == 0 {
-			t.Errorf("%s: the README shows nothing to check", name)
+			t.Errorf("%s: %s shows nothing to check", name, path)
 		}
 		for _, f := range fields {
 			if !f.Match(out) {
-				t.Errorf("%s: the README shows %s; the server answered:\n%s", name, f, out)
+				t.Errorf("%s: %s shows %s; the server answered:\n%s", name, path, f, out)
 			}
 		}
 		for _, l := range lines {
 			if !bytes.Contains(out, []byte(l)) {
-				t.Errorf("%s: the README shows %q; the output was:\n%s", name, l, out)
+				t.Errorf("%s: %s shows %q; the output was:\n%s", name, path, l, out)
 			}
 		}
 		checked += len(fields) + len(lines)

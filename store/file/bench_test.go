@@ -16,8 +16,8 @@ import (
 
 // BenchmarkFailedStep measures decisions through the store (no gRPC), each
 // a first failure of a fresh session, from 32 goroutines per CPU as a busy
-// server's handlers would call it: file against memory, so the README can
-// state what durability costs. Run it with
+// server's handlers would call it: file against memory, so
+// docs/benchmarks.md can state what durability costs. Run it with
 //
 //	go test -run '^$' -bench FailedStep -benchtime 5s ./store/file/
 func BenchmarkFailedStep(b *testing.B) {

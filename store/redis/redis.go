@@ -57,7 +57,7 @@
 // numbers are then handed out again. appendfsync=always does not close
 // that window, WAIT after each commit would not either (other replicas
 // read, notify and start retries on a state before it is replicated); see
-// the README.
+// docs/storage.md.
 package redis
 
 import (

@@ -119,8 +119,9 @@ func retryKeyOf(t *testing.T, s *Store, r *engine.Retry) string {
 // monitor collects the commands a Redis runs (MONITOR), scripts' included.
 // It speaks RESP on a connection of its own: go-redis' Monitor (v9.23.0)
 // hands its connection back to the pool while it still reads from it,
-// which the race detector flags (redis/go-redis#3079; a fix is proposed in
-// redis/go-redis#3901).
+// which the race detector flags
+// (https://github.com/redis/go-redis/issues/3079; a fix is proposed in
+// https://github.com/redis/go-redis/pull/3901).
 type monitor struct {
 	rdb   *goredis.Client
 	mu    sync.Mutex

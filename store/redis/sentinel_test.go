@@ -170,7 +170,7 @@ func TestDurabilityOnEveryConnection(t *testing.T) {
 // the Started and Cancelled they received, the same answer to a repeated
 // report), and the invariant checker finds nothing. Only what WAIT
 // confirmed is checked: a decision acknowledged after it could be lost by
-// the asynchronous replication (see the README, Storage).
+// the asynchronous replication (see docs/storage.md, "Sentinel").
 func TestSentinelFailover(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: a Sentinel failover under two retryd processes")

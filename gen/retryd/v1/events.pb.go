@@ -695,7 +695,7 @@ type RetryScheduled struct {
 	Provider string `protobuf:"bytes,5,opt,name=provider,proto3" json:"provider,omitempty"`
 	// The mode of the resolved policy.
 	Mode Mode `protobuf:"varint,6,opt,name=mode,proto3,enum=retryd.v1.Mode" json:"mode,omitempty"`
-	// The canonical key of the resolved policy (see README).
+	// The canonical key of the resolved policy (its format is in docs/api.md).
 	PolicyKey string `protobuf:"bytes,7,opt,name=policy_key,json=policyKey,proto3" json:"policy_key,omitempty"`
 	// The failure being retried.
 	Failure *Failure `protobuf:"bytes,8,opt,name=failure,proto3" json:"failure,omitempty"`

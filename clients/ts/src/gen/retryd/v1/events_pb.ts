@@ -207,7 +207,7 @@ export type RetryScheduled = Message<"retryd.v1.RetryScheduled"> & {
   mode: Mode;
 
   /**
-   * The canonical key of the resolved policy (see README).
+   * The canonical key of the resolved policy (its format is in docs/api.md).
    *
    * @generated from field: string policy_key = 7;
    */

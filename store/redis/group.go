@@ -1,0 +1,493 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/fleet"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+)
+
+// Group commit. A replica queues each partition's transitions and commits
+// them in groups: one read of what the group depends on, the engine's
+// transitions in Go, one commit script (commit.go) that writes them all.
+
+// txn is one transaction's view of a session and what it changes.
+type txn struct {
+	id string
+	// keptSession is the session, nil when it does not exist (create it
+	// to write one), and its retry index expiries as this replica last
+	// wrote them (nil: unknown, write them all); write updates them.
+	keptSession
+	awaiters map[string]int64
+	expired  []string // awaiter entries whose lease ended, deleted on a save
+	env      engine.Env
+	before   population // the session's population as read
+
+	save bool // write the session's snapshot
+	// gone is the session as it was when it expired in this transaction
+	// (sess is then nil, unless a later transition of the group created
+	// the session anew): its keys are deleted, its events still logged.
+	gone      *engine.Session
+	write     bool // write anything at all
+	events    []*retrydv1.Event
+	forgotten []*engine.Retry
+	timers    map[string]*float64 // member → score; nil removes it
+	// fleets are the fleet states the group read (see fleet.go), shared
+	// by every transition of the group; all are saved with it.
+	fleets map[string]*fleet.ProviderState
+}
+
+func (t *txn) changed(evs ...*retrydv1.Event) {
+	t.save, t.write = true, true
+	t.events = append(t.events, evs...)
+}
+
+func (t *txn) setTimer(r *engine.Retry, at time.Time) { t.timer(r.ID, score(at)) }
+
+// score is a time's score in the timer set.
+func score(at time.Time) *float64 {
+	v := float64(at.UnixMilli())
+	return &v
+}
+
+func (t *txn) clearTimer(retryID string) { t.timer(retryID, nil) }
+
+func (t *txn) timer(retryID string, score *float64) {
+	if t.timers == nil {
+		t.timers = map[string]*float64{}
+	}
+	t.timers[timerMember(t.id, retryID)] = score
+	t.write = true
+}
+
+// queue is one partition's transitions waiting for a group commit;
+// leading is set while one caller commits a group (see update).
+type queue struct {
+	mu      sync.Mutex
+	reqs    []*request
+	leading bool
+}
+
+// request is one call's transition, waiting for a group commit.
+type request struct {
+	id    string
+	fleet string // the fleet state the transition decides with, if any
+	fn    func(*txn) error
+	done  chan error    // the outcome
+	lead  chan struct{} // this caller now commits the next group
+}
+
+// update runs fn on the session in an optimistic transaction and returns
+// once it is committed; fn's own errors are returned as they are, and
+// nothing of fn is written then.
+//
+// Every commit checks its partition's sequence counter, so a replica
+// commits a partition's transitions in groups, one group at a time: the
+// callers queue, one of them (the leader) takes up to maxGroup of them,
+// runs them in one read and one commit script (again on fresh state whenever another
+// replica won the race, at most maxAttempts times), hands every caller its
+// outcome and passes the lead on. Partitions commit independently. The
+// commit runs under its own timeout, not the caller's context: a caller
+// that left must not strand the queue.
+func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
+	return s.updateWithFleet(ctx, id, "", fn)
+}
+
+// updateWithFleet is update for a transition that also decides with the
+// fleet state under fleetKey (when not empty): it is read and saved in the
+// same transaction.
+func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn func(*txn) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p := s.keys.partition(id)
+	q := s.queues[p]
+	req := &request{id: id, fleet: fleetKey, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	q.mu.Lock()
+	q.reqs = append(q.reqs, req)
+	if !q.leading {
+		q.leading = true
+		req.lead <- struct{}{}
+	}
+	q.mu.Unlock()
+	for {
+		select {
+		case err := <-req.done:
+			return err
+		case <-req.lead:
+			s.lead(p)
+		}
+	}
+}
+
+// lead commits the group at the head of partition p's queue (the leader's
+// own request is its first) and passes the lead to the next caller.
+func (s *Store) lead(p int) {
+	q := s.queues[p]
+	q.mu.Lock()
+	n := min(len(q.reqs), maxGroup)
+	group := slices.Clone(q.reqs[:n])
+	q.reqs = slices.Delete(q.reqs, 0, n)
+	q.mu.Unlock()
+
+	errs := s.commitGroup(p, group)
+	for i, r := range group {
+		r.done <- errs[i]
+	}
+
+	q.mu.Lock()
+	if len(q.reqs) > 0 {
+		q.reqs[0].lead <- struct{}{}
+	} else {
+		q.leading = false
+	}
+	q.mu.Unlock()
+}
+
+// commitGroup runs a group of partition p's transitions in one optimistic
+// commit (apply, commit.go), again on fresh state while another replica
+// changed what it read, and returns each one's outcome.
+func (s *Store) commitGroup(p int, group []*request) []error {
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	defer cancel()
+	errs := make([]error, len(group))
+	for attempt := range maxAttempts {
+		err := s.apply(ctx, p, group, errs)
+		switch {
+		case err == nil:
+			return errs
+		case !errors.Is(err, errConflict):
+			if !errors.Is(err, service.ErrUnavailable) {
+				err = unavailable("committing", err)
+			}
+			for i := range errs {
+				errs[i] = err
+			}
+			return errs
+		}
+		time.Sleep(time.Duration(mrand.Int64N(int64(attempt+1) * int64(200*time.Microsecond))))
+	}
+	for i := range errs {
+		errs[i] = fmt.Errorf("redis store: %d transactions lost to concurrent writers: %w", maxAttempts, service.ErrUnavailable)
+	}
+	return errs
+}
+
+// loaded is one session as a transaction reads it.
+type loaded struct {
+	// sess is nil when the session does not exist or is damaged; indexed
+	// are its retry index expiries as this replica last wrote them, nil
+	// for a session decoded from its snapshot.
+	keptSession
+	// awaiters counts the live awaiter entries per retry; expired names the
+	// entries whose lease ended (see awaiters.go).
+	awaiters map[string]int64
+	expired  []string
+	// damaged is why a session's data could not be read.
+	damaged error
+}
+
+// load reads sessions with their awaiter counts (GetChains, AwaitRetry:
+// a commit decides on what the replica knows instead, see recall). A
+// session whose data is damaged is nil, with its error in damaged.
+func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
+	gets := make([]*redis.StringCmd, len(ids))
+	aws := make([]*redis.MapStringStringCmd, len(ids))
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for i, id := range ids {
+			gets[i] = pl.Get(ctx, s.keys.sessionKey(id))
+			aws[i] = pl.HGetAll(ctx, s.keys.awaitersKey(id))
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, unavailable("reading sessions", err)
+	}
+	// Leases are wall-clock times of the replicas, not the decision clock.
+	now := time.Now().UnixMilli()
+	out := make([]loaded, len(ids))
+	for i, id := range ids {
+		b, err := gets[i].Bytes()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, unavailable("reading session", err)
+		}
+		out[i] = decodeSession(id, b, aws[i].Val(), now)
+	}
+	return out, nil
+}
+
+// recall makes the group's sessions of what this replica knows of them
+// (known.go) — the session its last commit wrote a snapshot from when it
+// still knows that one (knownValue.sess), else the known snapshot
+// decoded — and adds the checks that what it knows still holds — of
+// their keys and of the partition's counter — to c.
+func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint64) {
+	counter := s.known.get(s.keys.seqKey(p)).raw
+	c.checkValue(s.keys.seqKey(p), counter)
+	now := time.Now().UnixMilli()
+	out = make([]loaded, len(ids))
+	for i, id := range ids {
+		v := s.known.take(s.keys.sessionKey(id))
+		fields := s.known.get(s.keys.awaitersKey(id)).fields
+		c.checkLarge(s.keys.sessionKey(id), v.raw, v.revision)
+		c.checkHash(s.keys.awaitersKey(id), fields)
+		if v.sess != nil && !s.decodeAlways {
+			out[i] = reuseSession(v.keptSession, fields, now)
+		} else {
+			out[i] = decodeSession(id, []byte(v.raw), fields, now)
+		}
+	}
+	return out, counterValue(counter)
+}
+
+// loadOne reads one session (nil when it does not exist).
+func (s *Store) loadOne(ctx context.Context, id string) (*engine.Session, error) {
+	out, err := s.load(ctx, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	return out[0].sess, out[0].damaged
+}
+
+// apply runs a group's transitions on freshly read sessions and, if any
+// changed something, writes them all in one commit script, provided
+// nothing it read changed meanwhile (errConflict otherwise). errs receives
+// each transition's own refusal; an error returned fails the whole group.
+func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error) error {
+	var ids []string
+	index := map[string]int{}
+	for _, r := range group {
+		if _, ok := index[r.id]; !ok {
+			index[r.id] = len(ids)
+			ids = append(ids, r.id)
+		}
+	}
+	var fleetKeys []string
+	for _, r := range group {
+		if r.fleet != "" && !slices.Contains(fleetKeys, r.fleet) {
+			fleetKeys = append(fleetKeys, r.fleet)
+		}
+	}
+	if s.contended(p) {
+		if err := s.refresh(ctx, p, ids, fleetKeys); err != nil {
+			return err
+		}
+	}
+	c := newCommit()
+	sessions, last := s.recall(c, p, ids)
+	fleets := s.recallFleets(c, p, fleetKeys)
+	env := s.env(p)
+	var gateErr error
+	if g := s.gate.Load(); g != nil {
+		if fleets == nil {
+			fleets = map[string]*fleet.ProviderState{}
+		}
+		env.Gate = func(r *engine.Retry, now time.Time) (time.Time, bool) {
+			key, ok := (*g).FleetKey(r.SessionID, r.Provider())
+			if !ok {
+				return time.Time{}, false
+			}
+			return (*g).Start(r.SessionID, r.Provider(), s.recallFleet(c, p, fleets, key), now)
+		}
+	}
+	txns := make([]*txn, len(ids))
+	for i, id := range ids {
+		l := sessions[i]
+		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: env,
+			before: populationOf(l.sess), fleets: fleets}
+	}
+	for i, r := range group {
+		// Damaged data refuses the calls that touch it, and only them.
+		if errs[i] = sessions[index[r.id]].damaged; errs[i] == nil {
+			errs[i] = r.fn(txns[index[r.id]])
+		}
+	}
+	if gateErr != nil {
+		return gateErr
+	}
+	base := s.sequenceBase(last)
+	seq := base
+	write := false
+	for _, t := range txns {
+		write = write || t.write
+		for _, ev := range t.events {
+			seq++
+			ev.Sequence = seq
+		}
+	}
+	if seq == base {
+		seq = last // no events: the counter stays
+	}
+	// Even a group that writes nothing runs the script, with its checks
+	// alone: its answers (a repeated report's, a refusal) were decided on
+	// what this replica knew, which the checks confirm.
+	if write {
+		if err := s.writeAll(ctx, c, p, txns, fleets, seq, last); err != nil {
+			return err
+		}
+	}
+	for i, t := range txns {
+		// A transition that changed nothing (a repeated report, a refusal,
+		// a timer set again) leaves the session as its known snapshot has
+		// it, as the memory store keeps it: it stays the key's session.
+		if !t.save && t.gone == nil && t.sess != nil && t.sess == sessions[i].sess {
+			c.keep(s.keys.sessionKey(t.id), t.keptSession)
+		}
+	}
+	switch current, err := c.run(ctx, s.rdb); {
+	case err == nil:
+		for _, t := range txns {
+			if t.sess != nil {
+				t.sess.Commit()
+			}
+		}
+		c.remember(s.known)
+		return nil
+	case errors.Is(err, errConflict):
+		s.known.learn(c.list, current)
+		s.conflicted(p)
+		return err
+	default:
+		// Whether the script ran is unknown: so are the keys' values.
+		s.known.forget(c.checkedKeys())
+		return unavailable("writing sessions", err)
+	}
+}
+
+// writeAll adds a group's writes to its commit: the sessions' (see
+// write), the counter, the fleet states and the population counters.
+func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets map[string]*fleet.ProviderState, seq, last uint64) error {
+	var pop population
+	for _, t := range txns {
+		var snap []byte
+		var spans []retrySpan
+		if t.save && t.sess != nil {
+			var err error
+			if snap, spans, err = encodeSession(t.sess, t.keptSession); err != nil {
+				return fmt.Errorf("redis store: encoding session %q: %w", t.id, err)
+			}
+		}
+		if err := s.write(ctx, c, p, t, snap, spans); err != nil {
+			return err
+		}
+		if snap != nil {
+			t.snap = unsafe.String(unsafe.SliceData(snap), len(snap)) // see commit.Set
+			c.keep(s.keys.sessionKey(t.id), t.keptSession)
+		}
+		pop = pop.add(t.delta())
+	}
+	if seq != last {
+		c.Set(ctx, s.keys.seqKey(p), seq, 0)
+	}
+	if err := s.writeFleets(ctx, c, p, fleets); err != nil {
+		return err
+	}
+	s.count(ctx, c, p, pop)
+	return nil
+}
+
+// keyTTL is how long Redis keeps a session's keys after a write. Expiry
+// itself is a timer (see expiry.go); the key TTL is only the backstop that
+// bounds Redis' memory when no replica runs to handle that timer, so it
+// lasts ttlMargin longer.
+func (s *Store) keyTTL(sess *engine.Session, now time.Time) time.Duration {
+	return max(s.expiresAt(sess).Sub(now), 0) + ttlMargin
+}
+
+// indexRetries adds to a commit the writes that keep each retained
+// retry's index key (retry id → session id, for AwaitRetry and
+// CancelRetries by id) alive at least as long as the session key, which
+// the commit sets to live ttl from now.
+//
+// Each index key written lives one chain TTL longer than that, and a key
+// is written again only once less than half a chain TTL of that lead is
+// left (or when this replica does not know it: a session decoded from its
+// snapshot has no expiries, so every key is written). Refreshing every
+// key on every write cost a SET per retained retry, up to
+// engine.MaxRetainedRetries of them per decision on a long session, for
+// keys that were nowhere near expiring. The half-TTL margin also absorbs
+// a step back of this replica's clock between two commits. An index key
+// outliving its session is harmless: lookups read the session, and
+// forgetting a session deletes its retries' keys (forget); the TTL only
+// bounds Redis' memory when no replica runs.
+//
+// spans are where each retry's encoding is in the snapshot written, which
+// the new expiries keep with them (see encodeSession).
+func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl time.Duration, spans []retrySpan) {
+	now := t.env.Now.UnixMilli()
+	need := now + ms(ttl)      // the session key's expiry
+	lead := ms(s.cfg.ChainTTL) // how much longer an index key lives
+	retries := t.sess.Retries()
+	indexed := make([]indexedRetry, len(retries))
+	for i, r := range retries {
+		until := int64(0)
+		for _, x := range t.indexed {
+			if x.id == r.ID {
+				until = x.until
+				break
+			}
+		}
+		if until < need+lead/2 {
+			until = need + lead
+			pl.Set(ctx, s.keys.retryKey(p, r.ID), t.id, time.Duration(until-now)*time.Millisecond)
+		}
+		indexed[i] = indexedRetry{r.ID, until, spans[i]}
+	}
+	t.indexed = indexed
+}
+
+// write adds one session's changes to a commit; spans are where snap
+// holds each retained retry (see encodeSession).
+func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte, spans []retrySpan) error {
+	id := t.id
+	ttl := s.cfg.ChainTTL + ttlMargin
+	if t.gone != nil {
+		s.forget(ctx, pl, p, t)
+	}
+	if snap != nil {
+		ttl = s.keyTTL(t.sess, t.env.Now)
+		pl.setSnapshot(ctx, s.keys.sessionKey(id), snap, ttl)
+		s.indexRetries(ctx, pl, p, t, ttl, spans)
+		if len(t.expired) > 0 {
+			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)
+		}
+		pl.PExpire(ctx, s.keys.awaitersKey(id), ttl)
+		t.timer(expiryTimer, score(s.expiresAt(t.sess)))
+	}
+	for _, r := range t.forgotten {
+		pl.Del(ctx, s.keys.retryKey(p, r.ID))
+	}
+	for _, ev := range t.events {
+		b, err := ev.MarshalVT()
+		if err != nil {
+			return fmt.Errorf("redis store: encoding event: %w", err)
+		}
+		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
+		pl.XAdd2(ctx, s.keys.streamKey(id), s.cfg.EventLogSize, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
+	}
+	if len(t.events) > 0 {
+		pl.PExpire(ctx, s.keys.streamKey(id), ttl)
+	}
+	for m, at := range t.timers {
+		if at == nil {
+			pl.ZRem(ctx, s.keys.timersKey(p), m)
+		} else {
+			pl.ZAdd(ctx, s.keys.timersKey(p), *at, m)
+		}
+	}
+	if t.save || t.gone != nil {
+		pl.Publish(ctx, s.keys.channel(id), "")
+	}
+	return nil
+}

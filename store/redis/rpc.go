@@ -1,0 +1,302 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+)
+
+// The service.Store calls, each a transition committed by update.
+
+// FailedStep implements service.Store.
+func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
+	var out engine.FailOutcome
+	if err := s.updateWithFleet(ctx, f.Request.GetSessionId(), f.FleetKey, decide(f, &out)); err != nil {
+		return engine.FailOutcome{}, err
+	}
+	return out, nil
+}
+
+// decide is FailedStep's transition; it leaves its outcome in out.
+func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
+	return func(t *txn) error {
+		if t.sess == nil {
+			t.sess = engine.NewSession(t.id, t.env.Now)
+		}
+		if f.FleetKey != "" && f.Fleet != nil {
+			f.Fleet.Bind(t.fleets[f.FleetKey])
+		}
+		var err error
+		if *out, err = t.sess.Fail(t.env, f); err != nil {
+			return err
+		}
+		if len(out.Events) == 0 {
+			return nil // a repeated report changes nothing
+		}
+		t.changed(out.Events...)
+		t.forgotten = out.Forgotten
+		if r := out.Scheduled; r != nil {
+			t.setTimer(r, r.Due())
+		}
+		return nil
+	}
+}
+
+// sessionOf looks a retry id of a session in scope (see service.InScope)
+// up in the retry index.
+func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, error) {
+	p, ok := s.keys.retryPartition(retryID)
+	if !ok {
+		return "", notFound("no retry %s", retryID)
+	}
+	id, err := s.rdb.Get(ctx, s.keys.retryKey(p, retryID)).Result()
+	if errors.Is(err, redis.Nil) || err == nil && !service.InScope(scope, id) {
+		return "", notFound("no retry %s", retryID)
+	}
+	if err != nil {
+		return "", unavailable("reading the retry index", err)
+	}
+	return id, nil
+}
+
+// retry reads a retained retry, with its awaiter count.
+func (s *Store) retry(ctx context.Context, sessionID, retryID string) (*engine.Retry, error) {
+	sess, err := s.loadOne(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	var r *engine.Retry
+	if sess != nil {
+		r = sess.Retry(retryID)
+	}
+	if r == nil {
+		return nil, notFound("no retry %s", retryID)
+	}
+	return r, nil
+}
+
+// AwaitRetry implements service.Store.
+func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
+	sessionID, err := s.sessionOf(ctx, scope, retryID)
+	if err != nil {
+		return err
+	}
+	r, err := s.retry(ctx, sessionID, retryID)
+	if err != nil {
+		return err
+	}
+	if term := r.Terminal(); term != nil {
+		if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: r.State()}}); err != nil {
+			return err
+		}
+		return send(term)
+	}
+	a, err := s.attach(ctx, sessionID, retryID)
+	if err != nil {
+		return err
+	}
+	defer a.detach(ctx)
+	// Read again: the count now includes this stream, and the retry may
+	// have ended in between (then the loop below sends its end).
+	if r, err = s.retry(ctx, sessionID, retryID); err != nil {
+		return err
+	}
+	state := r.State()
+	if r.Terminal() == nil && !s.cfg.Now().Before(r.Due()) {
+		// Due already, and now an agent is here: this is the start. The
+		// stream still reports the pending state first, then Started.
+		if err := s.fire(ctx, sessionID, retryID); err != nil {
+			return err
+		}
+	}
+	if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: state}}); err != nil {
+		return err
+	}
+	recheck := time.NewTicker(recheckInterval)
+	defer recheck.Stop()
+	for {
+		notified, release := s.notify.watch(sessionID)
+		if err := a.renewIfDue(ctx); err != nil {
+			release()
+			return err
+		}
+		r, err := s.retry(ctx, sessionID, retryID)
+		if err != nil {
+			release()
+			return err
+		}
+		if term := r.Terminal(); term != nil {
+			release()
+			return send(term)
+		}
+		if !s.cfg.Now().Before(r.Due()) {
+			// Due and still pending although this stream awaits it: its
+			// timer found no live awaiter (this one's lease had run out
+			// while it was late). Start it now rather than at the abandon
+			// timer.
+			if err := s.fire(ctx, sessionID, retryID); err != nil {
+				release()
+				return err
+			}
+		}
+		select {
+		case <-notified:
+		case <-recheck.C:
+		case <-ctx.Done():
+			release()
+			return ctx.Err()
+		case <-s.closing:
+			release()
+			return send(r.ShutdownCancelled())
+		}
+		release()
+	}
+}
+
+// CancelRetry implements service.Store.
+func (s *Store) CancelRetry(ctx context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {
+	sessionID, err := s.sessionOf(ctx, scope, retryID)
+	if err != nil {
+		return nil, err
+	}
+	var state *retrydv1.RetryState
+	err = s.update(ctx, sessionID, func(t *txn) error {
+		var r *engine.Retry
+		if t.sess != nil {
+			r = t.sess.Retry(retryID)
+		}
+		if r == nil {
+			return notFound("no retry %s", retryID)
+		}
+		if evs := t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
+			t.changed(evs...)
+			t.clearTimer(retryID)
+		}
+		state = r.State()
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{state}}, nil
+}
+
+// CancelSession implements service.Store.
+func (s *Store) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
+	resp := &retrydv1.CancelRetriesResponse{}
+	err := s.update(ctx, sessionID, func(t *txn) error {
+		if t.sess == nil {
+			return notFound("no session %s", sessionID)
+		}
+		pending := t.sess.Pending()
+		states, delegation, evs := t.sess.CancelAll(t.env)
+		t.changed(evs...)
+		if pending != nil {
+			t.clearTimer(pending.ID)
+		}
+		resp.Retries, resp.DelegationsCancelled = states, 0
+		if delegation {
+			resp.DelegationsCancelled = 1
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// StepSucceeded implements service.Store. A success on a session retryd
+// has never seen records nothing.
+func (s *Store) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
+	resp := &retrydv1.StepSucceededResponse{}
+	err := s.update(ctx, req.GetSessionId(), func(t *txn) error {
+		if t.sess == nil {
+			return nil
+		}
+		closed, evs, err := t.sess.Succeed(t.env, req.GetTurn(), req.GetStep())
+		if err != nil {
+			return err
+		}
+		t.changed(evs...) // even without events the latest position moved
+		resp.Closed = closed
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// GetChains implements service.Store.
+func (s *Store) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
+	sess, err := s.loadOne(ctx, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	if sess == nil {
+		return nil, notFound("no session %s", sessionID)
+	}
+	return sess.Chains(), nil
+}
+
+// WatchEvents implements service.Store: a session's events come from its
+// stream, all events from the partition's stream, or with several
+// partitions from all of theirs merged in sequence order (watchAll).
+func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
+	key := s.keys.eventsKey(0)
+	switch {
+	case req.GetSessionId() != "":
+		key = s.keys.streamKey(req.GetSessionId())
+	case s.keys.partitions() > 1:
+		return s.watchAll(ctx, req, send)
+	}
+	after := req.GetAfterSequence()
+	recheck := time.NewTicker(recheckInterval)
+	defer recheck.Stop()
+	for {
+		notified, release := s.notify.watch(req.GetSessionId())
+		msgs, err := s.rdb.XRangeN(ctx, key, strconv.FormatUint(after+1, 10)+"-0", "+", readBatch).Result()
+		if err != nil {
+			release()
+			return unavailable("reading events", err)
+		}
+		for _, m := range msgs {
+			ev, err := decodeEvent(m)
+			if err != nil {
+				release()
+				return err
+			}
+			if err := send(ev); err != nil {
+				release()
+				return err
+			}
+			after = ev.GetSequence()
+		}
+		if len(msgs) == readBatch {
+			release()
+			continue
+		}
+		if req.GetStopAtEnd() {
+			release()
+			return nil
+		}
+		select {
+		case <-notified:
+		case <-recheck.C:
+		case <-ctx.Done():
+			release()
+			return ctx.Err()
+		case <-s.closing:
+			release()
+			return service.ErrShutdown
+		}
+		release()
+	}
+}

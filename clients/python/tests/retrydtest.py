@@ -85,6 +85,12 @@ class RetrydServer:
             raise AssertionError(f"retryd verify --server {self.addr} (exit {out.returncode}):\n{text}")
         return text.strip()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no drain, no graceful stop."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 15 s, by PID."""
         if self.proc.poll() is not None:
@@ -161,6 +167,11 @@ class TCPProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def retarget(self, target: str) -> None:
+        """Forwards new connections to target (a restarted server)."""
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
 
     def cut(self) -> int:
         """Resets every carried connection; returns how many it cut."""

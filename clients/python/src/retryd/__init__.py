@@ -13,6 +13,7 @@ retry_service_pb2).
 from . import local, policy
 from ._transport import TransportCredentials, insecure, tls, tls_credentials
 from ._version import __version__
+from ._degraded import DEFAULT_DECISION_TIMEOUT
 from .aio import AsyncClient
 from .classify import Classification, ErrorKind, ProviderFailure, classify, error_kind_of
 from .client import Client
@@ -53,6 +54,7 @@ __all__ = [
     "ErrorKind",
     "ProviderFailure",
     "DEFAULT_CANCEL_TIMEOUT",
+    "DEFAULT_DECISION_TIMEOUT",
     "DEFAULT_REATTACH_INITIAL",
     "DEFAULT_REATTACH_MAX",
     "ERROR_DOMAIN",

@@ -24,9 +24,10 @@ TraceparentSource = Callable[[], Optional[str]]
 
 _SERVICE = "retryd.v1.RetryService"
 
-# The idempotent RPCs are retried by the channel on UNAVAILABLE (a replica
-# going away, a refused connection), and a dns:/// target with several
-# addresses is balanced round robin. AwaitRetry and WatchEvents are not in
+# The service config of the Go client (retryd.ServiceConfig): the
+# idempotent RPCs are retried by the channel on UNAVAILABLE (a replica
+# going away, a refused connection), up to 4 attempts 50 ms to 1 s apart,
+# and a dns:/// target with several addresses is balanced round robin. AwaitRetry and WatchEvents are not in
 # the list: AwaitRetry re-attaches itself, and a watcher resumes from the
 # last sequence it saw.
 SERVICE_CONFIG = json.dumps(
@@ -36,11 +37,11 @@ SERVICE_CONFIG = json.dumps(
             {
                 "name": [
                     {"service": _SERVICE, "method": m}
-                    for m in ("FailedStep", "GetChains", "CancelRetries", "StepSucceeded", "GetProviderState")
+                    for m in ("FailedStep", "GetChains", "CancelRetries", "StepSucceeded")
                 ],
                 "retryPolicy": {
                     "maxAttempts": 4,
-                    "initialBackoff": "0.1s",
+                    "initialBackoff": "0.05s",
                     "maxBackoff": "1s",
                     "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"],
@@ -157,4 +158,12 @@ class CallMetadata:
 def channel_options(options: Sequence[Tuple[str, Any]]) -> Tuple[Tuple[str, Any], ...]:
     """The client's channel options: its service config, then the caller's
     (which win)."""
-    return (("grpc.service_config", SERVICE_CONFIG), ("grpc.enable_retries", 1)) + tuple(options)
+    return (
+        ("grpc.service_config", SERVICE_CONFIG),
+        ("grpc.enable_retries", 1),
+        # Reconnect within a couple of seconds of a replica's return, so
+        # that the first call after an outage reaches it.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+    ) + tuple(options)

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional, Sequence, Tuple, cast
+from typing import Any, AsyncIterator, Dict, Mapping, Optional, Sequence, Tuple, cast
 
 import grpc
 import grpc.aio
 
+from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
 from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
 from .outcome import (
     DEFAULT_CANCEL_TIMEOUT,
     DEFAULT_REATTACH_INITIAL,
     DEFAULT_REATTACH_MAX,
+    AwaitUnreachable,
     NoDecisionError,
     Outcome,
     RecoverAbortedError,
@@ -24,7 +26,9 @@ from .outcome import (
     positive,
     reattachable,
 )
-from .v1 import events_pb2, retry_service_pb2, retry_service_pb2_grpc
+from .errors import is_retry_pending
+from .local import DEFAULT_LOCAL_MAX_CHAINS
+from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
 
 pb = retry_service_pb2
 
@@ -45,6 +49,10 @@ class _Deadline:
             raise _TimedOut()
         return left
 
+    def over(self) -> bool:
+        """Whether the caller's time has run out."""
+        return self.at is not None and time.monotonic() >= self.at
+
     def ended(self, err: BaseException) -> bool:
         if self.at is None:
             return False
@@ -59,7 +67,8 @@ class AsyncClient:
     ``await client.close()`` (or ``async with``).
 
     Cancelling the task of a call cancels the call; cancelling the task of
-    a waiting recover() also cancels the retry on the server."""
+    a waiting recover() also cancels the retry on the server. Degraded mode
+    is Client's."""
 
     def __init__(
         self,
@@ -73,8 +82,20 @@ class AsyncClient:
         reattach_max: Optional[float] = None,
         cancel_timeout: Optional[float] = None,
         options: Sequence[Tuple[str, Any]] = (),
+        decision_timeout: Optional[float] = None,
+        fail_closed: bool = False,
+        local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
+        local_retry_budget: Optional[int] = None,
+        local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
     ) -> None:
         self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
+        self._fail_closed = fail_closed
+        self._degraded = DegradedState(
+            decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
+            local_policies=local_policies or {},
+            local_retry_budget=local_retry_budget,
+            local_chains=local_chains,
+        )
         opts = channel_options(options)
         if credentials.channel_credentials is not None:
             self._channel = grpc.aio.secure_channel(target, credentials.channel_credentials, options=opts)
@@ -88,6 +109,10 @@ class AsyncClient:
     async def close(self) -> None:
         """Closes the channel (and every call on it)."""
         await self._channel.close()
+
+    def decisions(self) -> Dict[str, int]:
+        """See Client.decisions."""
+        return self._degraded.counts()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -116,7 +141,11 @@ class AsyncClient:
             raise TimeoutError("retryd: the call's timeout passed") from None
 
     async def _await(
-        self, retry_id: str, deadline: _Deadline, metadata: Sequence[Tuple[str, str]]
+        self,
+        retry_id: str,
+        deadline: _Deadline,
+        metadata: Sequence[Tuple[str, str]],
+        give_up: Optional[float] = None,
     ) -> pb.AwaitRetryResponse:
         backoff = self._reattach_initial
         while True:
@@ -137,6 +166,8 @@ class AsyncClient:
                     raise _TimedOut() from None
                 if not reattachable(err):
                     raise
+                if give_up is not None and time.time() > give_up:
+                    raise AwaitUnreachable(err) from err
             finally:
                 call.cancel()
             if attached:
@@ -149,26 +180,37 @@ class AsyncClient:
     async def recover(
         self, request: pb.FailedStepRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
     ) -> Outcome:
-        """See Client.recover. If timeout passes while it waits, it cancels
-        the retry on the server and raises RecoverAbortedError. If its task
-        is cancelled while it waits (task.cancel(), asyncio.timeout,
-        asyncio.wait_for), it cancels the retry on the server (bounded by
-        cancel_timeout) and raises the CancelledError again, so the
-        caller's timeout and task group behave as usual."""
+        """See Client.recover, degraded mode included. If timeout passes
+        while it waits, it cancels the retry (on the server, or the local
+        one) and raises RecoverAbortedError. If its task is cancelled while
+        it waits (task.cancel(), asyncio.timeout, asyncio.wait_for), it
+        cancels the retry the same way (bounded by cancel_timeout) and
+        raises the CancelledError again, so the caller's timeout and task
+        group behave as usual."""
         deadline = _Deadline(timeout)
         metadata = self._md.for_call(traceparent)
         try:
-            resp = await self._stub.FailedStep(request, timeout=deadline.remaining(), metadata=metadata)
+            resp = await self._report(request, deadline, metadata)
         except _TimedOut:
             raise TimeoutError("retryd: the call's timeout passed") from None
+        except grpc.RpcError as err:
+            if self._fail_closed or deadline.over() or not unreachable_code(err):
+                raise
+            return await self._recover_locally(request, deadline, err)
+        self._degraded.observe(request, resp)
         outcome = resp.decision.WhichOneof("outcome")
         if outcome == "delegate":
             return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate)
         if outcome != "schedule":
             raise NoDecisionError("retryd: FailedStep answered neither schedule nor delegate")
         schedule = resp.decision.schedule
+        give_up = None if self._fail_closed else schedule.due_at.ToNanoseconds() / 1e9 + self._degraded.decision_timeout
         try:
-            term = await self._await(schedule.retry_id, deadline, metadata)
+            term = await self._await(schedule.retry_id, deadline, metadata, give_up)
+        except AwaitUnreachable as lost:
+            self._degraded.started_locally(request.session_id, schedule.retry_id)
+            started = local_started(schedule, resp.event.scheduled)
+            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err)
         except _TimedOut:
             raise await self._cancel_waiting(schedule, resp.event, metadata, "timeout") from None
         except asyncio.CancelledError:
@@ -177,6 +219,49 @@ class AsyncClient:
         if term.WhichOneof("message") == "started":
             return Outcome(kind="retry", event=resp.event, schedule=schedule, started=term.started)
         return Outcome(kind="cancelled", event=resp.event, schedule=schedule, cancelled=term.cancelled)
+
+    async def _report(
+        self, request: pb.FailedStepRequest, deadline: _Deadline, metadata: Sequence[Tuple[str, str]]
+    ) -> pb.FailedStepResponse:
+        """See Client._report."""
+
+        async def send() -> pb.FailedStepResponse:
+            left = deadline.remaining()
+            t = left if self._fail_closed else min(x for x in (left, self._degraded.decision_timeout) if x is not None)
+            return cast(pb.FailedStepResponse, await self._stub.FailedStep(request, timeout=t, metadata=metadata))
+
+        try:
+            return await send()
+        except grpc.RpcError as err:
+            rid = is_retry_pending(err)
+            if rid is None or self._fail_closed or not self._degraded.owns_pending(request.session_id, rid):
+                raise
+        await self._await(rid, deadline, metadata)
+        self._degraded.resolved(rid)
+        return await send()
+
+    async def _recover_locally(self, request: pb.FailedStepRequest, deadline: _Deadline, cause: grpc.RpcError) -> Outcome:
+        """Degraded mode: decides in the process and waits the delay."""
+        resp = self._degraded.decide(request)
+        if resp.decision.WhichOneof("outcome") == "delegate":
+            return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate, local=True, unreachable=cause)
+        schedule = resp.decision.schedule
+        decider = self._degraded.decider
+        due = decider.due_ms(schedule.retry_id) or 0.0
+        try:
+            while (left := due - decider.now_ms()) > 0:
+                budget = deadline.remaining()
+                await asyncio.sleep(left / 1000 if budget is None else min(left / 1000, budget))
+        except _TimedOut:
+            cancelled = decider.cancel(schedule.retry_id)
+            raise RecoverAbortedError("timeout", schedule, resp.event, cancelled=cancelled) from None
+        except asyncio.CancelledError:
+            decider.cancel(schedule.retry_id)
+            raise
+        started = decider.start(schedule.retry_id)
+        if started is None:
+            raise RecoverAbortedError("cancelled", schedule, resp.event, cancelled=decider.cancel(schedule.retry_id))
+        return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=cause)
 
     async def _cancel_waiting(
         self, schedule: pb.Schedule, event: events_pb2.Event, metadata: Sequence[Tuple[str, str]], reason: Any
@@ -213,6 +298,7 @@ class AsyncClient:
         self, session_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
     ) -> pb.CancelRetriesResponse:
         """See Client.cancel_session."""
+        self._degraded.close_session(session_id)
         return cast(
             pb.CancelRetriesResponse,
             await self._stub.CancelRetries(
@@ -224,6 +310,7 @@ class AsyncClient:
         self, request: pb.StepSucceededRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
     ) -> pb.StepSucceededResponse:
         """See Client.step_succeeded."""
+        self._degraded.close_session(request.session_id)
         return cast(
             pb.StepSucceededResponse,
             await self._stub.StepSucceeded(request, timeout=timeout, metadata=self._md.for_call(traceparent)),

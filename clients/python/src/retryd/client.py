@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, cast
 
 import grpc
 
+from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
 from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
 from .outcome import (
     DEFAULT_CANCEL_TIMEOUT,
     DEFAULT_REATTACH_INITIAL,
     DEFAULT_REATTACH_MAX,
+    AwaitUnreachable,
     Cancellation,
     NoDecisionError,
     OperationCancelled,
@@ -24,7 +26,9 @@ from .outcome import (
     positive,
     reattachable,
 )
-from .v1 import events_pb2, retry_service_pb2, retry_service_pb2_grpc
+from .errors import is_retry_pending
+from .local import DEFAULT_LOCAL_MAX_CHAINS
+from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
 
 pb = retry_service_pb2
 
@@ -56,6 +60,14 @@ class _Wait:
             raise OperationCancelled("retryd: cancelled")
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise _TimedOut()
+
+    def over(self) -> bool:
+        """Whether the caller's time has run out or it cancelled."""
+        try:
+            self.check()
+        except (OperationCancelled, _TimedOut):
+            return True
+        return False
 
     def ended(self, err: BaseException) -> Optional[BaseException]:
         """The error to raise when err means the wait ended: its
@@ -112,9 +124,17 @@ class Client:
     ``traceparent`` metadata so retryd's spans join the caller's trace.
 
     The channel balances a dns:/// target round robin and retries the
-    idempotent calls (FailedStep, GetChains, CancelRetries, StepSucceeded,
-    GetProviderState) on UNAVAILABLE. options are more grpc channel
-    options."""
+    idempotent calls (FailedStep, GetChains, CancelRetries, StepSucceeded)
+    on UNAVAILABLE. options are more grpc channel options.
+
+    Degraded mode (on unless fail_closed): when no replica answers a
+    recover() report within decision_timeout seconds, the client decides
+    locally with retryd's policy semantics (see recover). local_policies
+    are the policies the server would use for a request without an inline
+    policy, by policy_name or by provider; local_retry_budget caps the
+    local retries of a chain (default: the policy's own finite budget, and
+    5 for a policy without one); local_chains bounds how many chains the
+    process keeps."""
 
     def __init__(
         self,
@@ -128,8 +148,20 @@ class Client:
         reattach_max: Optional[float] = None,
         cancel_timeout: Optional[float] = None,
         options: Sequence[Tuple[str, Any]] = (),
+        decision_timeout: Optional[float] = None,
+        fail_closed: bool = False,
+        local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
+        local_retry_budget: Optional[int] = None,
+        local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
     ) -> None:
         self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
+        self._fail_closed = fail_closed
+        self._degraded = DegradedState(
+            decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
+            local_policies=local_policies or {},
+            local_retry_budget=local_retry_budget,
+            local_chains=local_chains,
+        )
         opts = channel_options(options)
         if credentials.channel_credentials is not None:
             self._channel = grpc.secure_channel(target, credentials.channel_credentials, options=opts)
@@ -143,6 +175,13 @@ class Client:
     def close(self) -> None:
         """Closes the channel (and every call on it). Idempotent."""
         self._channel.close()
+
+    def decisions(self) -> Dict[str, int]:
+        """How many decisions recover() returned, by kind: "schedule" and
+        "delegate" (retryd's), "schedule/local" and "delegate/local"
+        (degraded mode), and "start/local" (a retry of retryd's the client
+        started by itself)."""
+        return self._degraded.counts()
 
     def __enter__(self) -> "Client":
         return self
@@ -195,7 +234,16 @@ class Client:
         except _TimedOut as e:
             raise _public(e) from None
 
-    def _await(self, retry_id: str, wait: _Wait, metadata: Sequence[Tuple[str, str]]) -> pb.AwaitRetryResponse:
+    def _await(
+        self,
+        retry_id: str,
+        wait: _Wait,
+        metadata: Sequence[Tuple[str, str]],
+        give_up: Optional[float] = None,
+    ) -> pb.AwaitRetryResponse:
+        """await_retry's loop; with give_up (seconds since the epoch) it
+        stops re-attaching once that time has passed and raises
+        AwaitUnreachable."""
         backoff = self._reattach_initial
         while True:
             attached = False
@@ -217,6 +265,8 @@ class Client:
                     raise ended from None
                 if not reattachable(err):
                     raise
+                if give_up is not None and time.time() > give_up:
+                    raise AwaitUnreachable(err) from err
             finally:
                 remove()
                 call.cancel()
@@ -254,21 +304,47 @@ class Client:
 
         Server errors are grpc.RpcError raised as is: a report for a
         session that still has a pending retry fails with
-        FAILED_PRECONDITION, and is_retry_pending(err) names that retry."""
+        FAILED_PRECONDITION, and is_retry_pending(err) names that retry.
+
+        Degraded mode, as the Go client's Recover: when no replica answers
+        the report within decision_timeout (UNAVAILABLE after gRPC's own
+        retries, or no answer before the timeout), it decides locally with
+        retryd's policy semantics (retryd.policy) and the request's policy,
+        within the local cap, on a chain it keeps per (session, provider,
+        policy key), waits the delay itself and returns the outcome with
+        local set (its records are marked: retryd.is_local). When a
+        scheduled retry's AwaitRetry cannot re-attach until
+        decision_timeout after its due time, it starts the retry itself
+        (local set, started names retryd's retry id). Every call asks
+        retryd first, so the first answered call resumes server decisions.
+        A later report that retryd refuses with RETRY_PENDING for a retry
+        the client started by itself, or for a session it decided locally
+        since retryd's last answer, awaits that retry (which records its
+        start) and reports again. fail_closed turns degraded mode off."""
         wait = _Wait(timeout, cancel)
         metadata = self._md.for_call(traceparent)
         try:
-            resp = self._stub.FailedStep(request, timeout=wait.remaining(), metadata=metadata)
+            resp = self._report(request, wait, metadata)
         except _TimedOut as e:
             raise _public(e) from None
+        except grpc.RpcError as err:
+            if self._fail_closed or wait.over() or not unreachable_code(err):
+                raise
+            return self._recover_locally(request, wait, err)
+        self._degraded.observe(request, resp)
         outcome = resp.decision.WhichOneof("outcome")
         if outcome == "delegate":
             return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate)
         if outcome != "schedule":
             raise NoDecisionError("retryd: FailedStep answered neither schedule nor delegate")
         schedule = resp.decision.schedule
+        give_up = None if self._fail_closed else schedule.due_at.ToNanoseconds() / 1e9 + self._degraded.decision_timeout
         try:
-            term = self._await(schedule.retry_id, wait, metadata)
+            term = self._await(schedule.retry_id, wait, metadata, give_up)
+        except AwaitUnreachable as lost:
+            self._degraded.started_locally(request.session_id, schedule.retry_id)
+            started = local_started(schedule, resp.event.scheduled)
+            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err)
         except _TimedOut:
             raise self._cancel_waiting(schedule, resp.event, metadata, "timeout") from None
         except OperationCancelled:
@@ -279,6 +355,57 @@ class Client:
         if term.WhichOneof("message") == "started":
             return Outcome(kind="retry", event=resp.event, schedule=schedule, started=term.started)
         return Outcome(kind="cancelled", event=resp.event, schedule=schedule, cancelled=term.cancelled)
+
+    def _report(
+        self, request: pb.FailedStepRequest, wait: _Wait, metadata: Sequence[Tuple[str, str]]
+    ) -> pb.FailedStepResponse:
+        """recover's FailedStep, within the decision timeout. A RETRY_PENDING
+        refusal for a retry the client already dealt with without retryd
+        (DegradedState.owns_pending) is resolved by awaiting that retry,
+        which records its start, and reporting again once."""
+
+        def send() -> pb.FailedStepResponse:
+            left = wait.remaining()
+            t = left if self._fail_closed else min(x for x in (left, self._degraded.decision_timeout) if x is not None)
+            return cast(pb.FailedStepResponse, self._stub.FailedStep(request, timeout=t, metadata=metadata))
+
+        try:
+            return send()
+        except grpc.RpcError as err:
+            rid = is_retry_pending(err)
+            if rid is None or self._fail_closed or not self._degraded.owns_pending(request.session_id, rid):
+                raise
+        self._await(rid, wait, metadata)
+        self._degraded.resolved(rid)
+        return send()
+
+    def _recover_locally(self, request: pb.FailedStepRequest, wait: _Wait, cause: grpc.RpcError) -> Outcome:
+        """Degraded mode: decides in the process and waits the delay."""
+        resp = self._degraded.decide(request)
+        if resp.decision.WhichOneof("outcome") == "delegate":
+            return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate, local=True, unreachable=cause)
+        schedule = resp.decision.schedule
+        decider = self._degraded.decider
+
+        def given_up(reason: Any) -> RecoverAbortedError:
+            cancelled = decider.cancel(schedule.retry_id)
+            return RecoverAbortedError(reason, schedule, resp.event, cancelled=cancelled)
+
+        try:
+            due = decider.due_ms(schedule.retry_id) or 0.0
+            while (left := due - decider.now_ms()) > 0:
+                wait.sleep(left / 1000)
+        except _TimedOut:
+            raise given_up("timeout") from None
+        except OperationCancelled:
+            raise given_up("cancelled") from None
+        except KeyboardInterrupt:
+            given_up("cancelled")
+            raise
+        started = decider.start(schedule.retry_id)
+        if started is None:
+            raise given_up("cancelled")
+        return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=cause)
 
     def _cancel_waiting(
         self,
@@ -323,7 +450,10 @@ class Client:
     ) -> pb.CancelRetriesResponse:
         """Cancels the session's pending retry and open always-mode
         delegation, and closes its open chains (for an agent whose session
-        ends). NOT_FOUND for a session retryd does not know."""
+        ends). NOT_FOUND for a session retryd does not know. The session's
+        local chains (degraded mode) close too, whether or not the call
+        reaches retryd."""
+        self._degraded.close_session(session_id)
         return cast(
             pb.CancelRetriesResponse,
             self._stub.CancelRetries(
@@ -335,7 +465,10 @@ class Client:
         self, request: pb.StepSucceededRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
     ) -> pb.StepSucceededResponse:
         """Reports a successful model request: the session's open chains
-        close, so its next failure starts again at retry 1."""
+        close, so its next failure starts again at retry 1. The session's
+        local chains (degraded mode) close too, whether or not the call
+        reaches retryd."""
+        self._degraded.close_session(request.session_id)
         return cast(
             pb.StepSucceededResponse,
             self._stub.StepSucceeded(request, timeout=timeout, metadata=self._md.for_call(traceparent)),

@@ -104,6 +104,10 @@ class _Chain:
     mode: "policy_pb2.Mode"
     retries: int
     open: bool
+    # The last step decided locally and its answer: the same step reported
+    # again gets the same decision, as from the server.
+    last_step: Optional[Tuple[int, int, int]] = None
+    last: Optional[pb.FailedStepResponse] = None
 
 
 @dataclass
@@ -215,6 +219,31 @@ class LocalDecider:
         chain = self._chains.get(key)
         if chain is not None:
             self._chains.move_to_end(key)
+        step_key = (req.turn, req.step, int(phase))
+        if chain is not None and chain.last is not None and chain.last_step == step_key:
+            return chain.last
+        resp = self._decide(req, now, phase, policy, key, chain)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._add_chain(key, _Chain(req.session_id, req.provider, policy.key, policy.mode, 0, False))
+        chain.last_step, chain.last = step_key, resp
+        return resp
+
+    def _add_chain(self, key: str, chain: _Chain) -> _Chain:
+        self._chains[key] = chain
+        while len(self._chains) > self._max_chains:
+            self._chains.popitem(last=False)
+        return chain
+
+    def _decide(
+        self,
+        req: pb.FailedStepRequest,
+        now: float,
+        phase: "events_pb2.Downstream",
+        policy: P.ResolvedPolicy,
+        key: str,
+        chain: Optional[_Chain],
+    ) -> pb.FailedStepResponse:
         used = chain.retries if chain is not None and chain.open else 0
         d = P.decide(
             policy,
@@ -242,10 +271,7 @@ class LocalDecider:
                 f"{used} of {_num(cap)} retries used: the local cap while no retryd replica answers", policy,
             )
         if chain is None:
-            chain = _Chain(req.session_id, req.provider, policy.key, policy.mode, 0, False)
-            self._chains[key] = chain
-            while len(self._chains) > self._max_chains:
-                self._chains.popitem(last=False)
+            chain = self._add_chain(key, _Chain(req.session_id, req.provider, policy.key, policy.mode, 0, False))
         if not chain.open:
             chain.open, chain.retries = True, 0
         chain.retries = d.retry_number
@@ -273,6 +299,25 @@ class LocalDecider:
             sc.max_retries = policy.max_retries
             s.max_retries = policy.max_retries
         return pb.FailedStepResponse(decision=pb.Decision(schedule=sc), event=ev)
+
+    def observe(self, req: pb.FailedStepRequest, resp: pb.FailedStepResponse) -> None:
+        """Follows a decision of the server's, so that local decisions
+        continue from it: a schedule sets its chain's count to the server's
+        retry number; a budget_exhausted delegation closed the chain."""
+        with self._lock:
+            kind = resp.decision.WhichOneof("outcome")
+            if kind == "schedule":
+                sc = resp.decision.schedule
+                key = "\x00".join((req.session_id, req.provider, sc.policy_key))
+                chain = self._chains.get(key)
+                if chain is None:
+                    chain = self._add_chain(key, _Chain(req.session_id, req.provider, sc.policy_key, sc.mode, 0, False))
+                else:
+                    self._chains.move_to_end(key)
+                chain.open, chain.retries, chain.last_step, chain.last = True, sc.retry_number, None, None
+            elif kind == "delegate" and resp.decision.delegate.reason == R.DELEGATE_REASON_BUDGET_EXHAUSTED:
+                key = "\x00".join((req.session_id, req.provider, resp.event.delegated.policy_key))
+                self._chains.pop(key, None)
 
     def start(self, retry_id: str) -> Optional[events_pb2.RetryStarted]:
         """Starts a local retry once its due time has passed: its

@@ -45,6 +45,8 @@ class Outcome:
     delegate: Optional[retry_service_pb2.Delegate] = None
     cancelled: Optional[events_pb2.RetryCancelled] = None
     local: bool = False
+    unreachable: Optional[BaseException] = None
+    """The error that made the client act locally, when local is True."""
 
     @property
     def retry(self) -> bool:
@@ -133,6 +135,15 @@ class NoDecisionError(Exception):
 
 class StreamEndedError(Exception):
     """An AwaitRetry stream ended without a started or cancelled message."""
+
+
+class AwaitUnreachable(Exception):
+    """AwaitRetry could not re-attach until its give-up time (degraded
+    mode): err is the last error."""
+
+    def __init__(self, err: BaseException) -> None:
+        super().__init__(f"retryd: AwaitRetry could not re-attach: {err}")
+        self.err = err
 
 
 def reattachable(err: BaseException) -> bool:

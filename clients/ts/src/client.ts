@@ -2,23 +2,41 @@
 // @connectrpc/connect-node's gRPC transport, and recover(), the agent
 // loop's one call for a failed model request.
 
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import { timestampFromMs, timestampMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import type { CallOptions, Client, Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import type { Event, RetryCancelled, RetryStarted } from "./gen/retryd/v1/events_pb.js";
-import { RetryService } from "./gen/retryd/v1/retry_service_pb.js";
+import type { SecureClientSessionOptions } from "node:http2";
+import { metrics, SpanStatusCode, trace, type Counter, type MeterProvider, type Span, type Tracer, type TracerProvider } from "@opentelemetry/api";
+import {
+  CancelReason,
+  DelegateReason,
+  RetryCancelledSchema,
+  RetryStartedSchema,
+  type Event,
+  type RetryCancelled,
+  type RetryStarted,
+} from "./gen/retryd/v1/events_pb.js";
+import {
+  FailedStepRequestSchema,
+  RetryService,
+  StepSucceededRequestSchema,
+  StepSucceededResponseSchema,
+  type FailedStepRequest,
+} from "./gen/retryd/v1/retry_service_pb.js";
+import { retryPendingId } from "./errors.js";
+import { LocalDecider, type LocalOptions } from "./local.js";
 import { bearerTokenInterceptor, isTLS } from "./token.js";
+import { baseUrlOf, retryInterceptor, type RetryOptions } from "./transport.js";
 import type {
   AwaitRetryResponse,
   CancelRetriesResponse,
   Delegate,
-  FailedStepRequestSchema,
   FailedStepResponse,
   GetChainsResponse,
   GetProviderStateResponse,
   Schedule,
-  StepSucceededRequestSchema,
   StepSucceededResponse,
   WatchEventsRequestSchema,
 } from "./gen/retryd/v1/retry_service_pb.js";
@@ -29,6 +47,63 @@ export const DEFAULT_REATTACH_INITIAL_MS = 50;
 export const DEFAULT_REATTACH_MAX_MS = 2000;
 /** The bound of the CancelRetries call recover makes when its signal aborts. */
 export const DEFAULT_CANCEL_TIMEOUT_MS = 5000;
+/** How long recover and stepSucceeded wait for an answer before deciding locally. */
+export const DEFAULT_ANSWER_TIMEOUT_MS = 5000;
+/** How long past a server retry's due time recover keeps trying to re-attach before starting it locally. */
+export const DEFAULT_AWAIT_GRACE_MS = 5000;
+
+/**
+ * Degraded mode: what recover does when no retryd replica answers (see
+ * the README's "Degraded mode"). The {@link LocalOptions} bound the local
+ * decisions: the named and per-provider policies of the server, the local
+ * cap on retries per chain, and how many chains are kept.
+ */
+export interface DegradedOptions extends LocalOptions {
+  /**
+   * Reject with {@link RetrydUnreachableError} instead of deciding
+   * locally: for agents that prefer an error to a decision the fleet's
+   * budgets and circuits did not see. Default false.
+   */
+  failClosed?: boolean;
+  /**
+   * The bound on FailedStep and StepSucceeded, transport retries included:
+   * with no answer by then the client decides locally. Default
+   * {@link DEFAULT_ANSWER_TIMEOUT_MS}.
+   */
+  answerTimeoutMs?: number;
+  /**
+   * How long past a server-scheduled retry's due time recover keeps trying
+   * to re-attach before it starts the retry locally. Default
+   * {@link DEFAULT_AWAIT_GRACE_MS}.
+   */
+  awaitGraceMs?: number;
+}
+
+/** The counts of {@link RetrydClient.stats}. */
+export interface ClientStats {
+  /** recover and stepSucceeded calls the server answered. */
+  serverDecisions: number;
+  /** Failed steps decided locally because no replica answered. */
+  localDecisions: number;
+  /** Server-scheduled retries started locally because their await could not re-attach. */
+  localStarts: number;
+  /** Successes recorded locally because no replica answered. */
+  localSuccesses: number;
+  /** RETRY_PENDING answers for a retry this client had started locally, resolved by awaiting it. */
+  pendingResolved: number;
+}
+
+/**
+ * RetrydUnreachableError is what recover rejects with, in fail-closed
+ * degraded mode, when no retryd replica answered; `cause` is the last
+ * transport error.
+ */
+export class RetrydUnreachableError extends Error {
+  override name = "RetrydUnreachableError";
+  constructor(cause: unknown) {
+    super(`retryd: no replica answered: ${cause instanceof Error ? cause.message : String(cause)}`, { cause });
+  }
+}
 
 /** Options of {@link RetrydClient}. */
 export interface ClientOptions {
@@ -46,6 +121,31 @@ export interface ClientOptions {
    * the caller's signal aborts while it waits for a retry to start.
    */
   cancelTimeoutMs?: number;
+  /**
+   * Plaintext HTTP/2 (h2c) instead of TLS. A "host:port" target is reached
+   * over TLS unless this is set, and an "http://" target is refused
+   * without it: plaintext only where the hop cannot be read (loopback, a
+   * sidecar or mesh that encrypts it, tests).
+   */
+  insecure?: boolean;
+  /** TLS settings of the connection (a private CA, a client certificate). */
+  tls?: SecureClientSessionOptions;
+  /**
+   * Retries of the idempotent calls (FailedStep, GetChains, CancelRetries,
+   * StepSucceeded) on UNAVAILABLE and on RESOURCE_EXHAUSTED with RetryInfo
+   * ({@link retryInterceptor}); false turns them off. Only for a target
+   * address: add retryInterceptor to a Transport of your own.
+   */
+  retry?: RetryOptions | false;
+  /**
+   * Degraded mode (default on): decide locally when no replica answers;
+   * false, or `{ failClosed: true }`, rejects instead.
+   */
+  degraded?: DegradedOptions | false;
+  /** Where recover's spans go (default: the global tracer provider). */
+  tracerProvider?: TracerProvider;
+  /** Where the decision counter goes (default: the global meter provider). */
+  meterProvider?: MeterProvider;
   /**
    * A tenant's bearer token, sent with every call as
    * `authorization: Bearer <token>` to a retryd started with
@@ -84,6 +184,13 @@ export type Outcome =
       started: RetryStarted;
       /** The scheduled event record, for the agent's own history. */
       event: Event;
+      /** The client decided the retry itself: no replica answered (degraded mode). */
+      local: boolean;
+      /**
+       * The server scheduled the retry but its await could not re-attach
+       * past the due time: the client confirmed the start itself.
+       */
+      localStart: boolean;
     }
   | {
       /** Hand the failure to the next recovery policy. */
@@ -92,6 +199,8 @@ export type Outcome =
       delegate: Delegate;
       /** The delegated event record, for the agent's own history. */
       event: Event;
+      /** The client decided itself: no replica answered (degraded mode). */
+      local: boolean;
     }
   | {
       /**
@@ -106,6 +215,8 @@ export type Outcome =
       cancelled: RetryCancelled;
       /** The scheduled event record. */
       event: Event;
+      /** The client decided the retry itself (and the caller cancelled it). */
+      local: boolean;
     };
 
 /**
@@ -159,25 +270,39 @@ export class RetrydClient {
   readonly #reattachInitialMs: number;
   readonly #reattachMaxMs: number;
   readonly #cancelTimeoutMs: number;
+  readonly #decider: LocalDecider | undefined;
+  readonly #failClosed: boolean;
+  readonly #answerTimeoutMs: number;
+  readonly #awaitGraceMs: number;
+  // Server retry ids this client started locally, newest last (bounded).
+  readonly #startedLocally = new Set<string>();
+  readonly #tracer: Tracer;
+  readonly #decisions: Counter;
+  readonly #stats: ClientStats = { serverDecisions: 0, localDecisions: 0, localStarts: 0, localSuccesses: 0, pendingResolved: 0 };
 
   /**
-   * Creates a client for the retryd server at target: "host:port" or a
-   * base URL ("http://127.0.0.1:7700"), reached with gRPC over plaintext
-   * HTTP/2 (a loopback or sidecar server), or "https://host:port" for TLS
-   * (trusting Node's CAs), on one HTTP/2 connection that close() closes.
-   * Pass a Transport instead to choose TLS settings, interceptors or
-   * another transport; the caller owns that one and close() leaves it, and
-   * a bearer token goes into its interceptors ({@link bearerTokenInterceptor})
-   * rather than the options. The constructor throws a TypeError for a
-   * malformed token, bearerToken with a plaintext target, both token
-   * options, or a token option with a Transport.
+   * Creates a client for the retryd server at target, reached with gRPC
+   * over HTTP/2 on one connection that close() closes: "host:port" or
+   * "https://host:port" over TLS (trusting Node's CAs unless `tls` says
+   * otherwise), or, only with `insecure: true`, "host:port" or
+   * "http://host:port" over plaintext. Idempotent calls are retried on
+   * UNAVAILABLE and on RESOURCE_EXHAUSTED with RetryInfo (`retry`).
+   * Pass a Transport instead to choose everything yourself; the caller
+   * owns that one and close() leaves it, and a bearer token goes into its
+   * interceptors ({@link bearerTokenInterceptor}) rather than the options.
+   * The constructor throws a TypeError for a plaintext target without
+   * `insecure`, a malformed token, bearerToken with a plaintext target,
+   * both token options, or a token option with a Transport.
    */
   constructor(target: string | Transport, options: ClientOptions = {}) {
     const token = tokenOption(options);
     let transport: Transport;
     if (typeof target === "string") {
-      const baseUrl = /^[a-z][a-z0-9+.-]*:\/\//i.test(target) ? target : `http://${target}`;
+      const baseUrl = baseUrlOf(target, options.insecure === true);
       const interceptors: Interceptor[] = [];
+      if (options.retry !== false) {
+        interceptors.push(retryInterceptor(options.retry ?? {}));
+      }
       if (token !== undefined) {
         if (!token.insecure && !isTLS(baseUrl)) {
           throw new TypeError(
@@ -187,7 +312,7 @@ export class RetrydClient {
         }
         interceptors.push(bearerTokenInterceptor(token.token, { insecure: token.insecure }));
       }
-      this.#sessions = new Http2SessionManager(baseUrl);
+      this.#sessions = new Http2SessionManager(baseUrl, undefined, options.tls);
       transport = createGrpcTransport({ baseUrl, sessionManager: this.#sessions, interceptors });
     } else {
       if (token !== undefined) {
@@ -202,6 +327,27 @@ export class RetrydClient {
     this.#reattachInitialMs = positive(options.reattachInitialMs, DEFAULT_REATTACH_INITIAL_MS);
     this.#reattachMaxMs = Math.max(this.#reattachInitialMs, positive(options.reattachMaxMs, DEFAULT_REATTACH_MAX_MS));
     this.#cancelTimeoutMs = positive(options.cancelTimeoutMs, DEFAULT_CANCEL_TIMEOUT_MS);
+    const degraded = options.degraded === false ? { failClosed: true } : (options.degraded ?? {});
+    this.#failClosed = degraded.failClosed === true;
+    this.#decider = this.#failClosed ? undefined : new LocalDecider(degraded);
+    this.#answerTimeoutMs = positive(degraded.answerTimeoutMs, DEFAULT_ANSWER_TIMEOUT_MS);
+    this.#awaitGraceMs = positive(degraded.awaitGraceMs, DEFAULT_AWAIT_GRACE_MS);
+    this.#tracer = (options.tracerProvider ?? trace.getTracerProvider()).getTracer("@retryd/client");
+    this.#decisions = (options.meterProvider ?? metrics.getMeterProvider())
+      .getMeter("@retryd/client")
+      .createCounter("retryd.client.decisions", {
+        description: "Failed steps recover decided, by where (server or local) and outcome",
+      });
+  }
+
+  /**
+   * How many decisions came from the server and how many the client made
+   * itself while no replica answered (a copy). The same counts go to the
+   * OpenTelemetry counter retryd.client.decisions (attributes
+   * retryd.decision.local and retryd.decision.outcome).
+   */
+  stats(): ClientStats {
+    return { ...this.#stats };
   }
 
   /** Closes the connection the constructor opened (and every call on it). */
@@ -237,6 +383,16 @@ export class RetrydClient {
    * cancel the retry (recover does).
    */
   async awaitRetry(retryId: string, options: RetrydCallOptions = {}): Promise<AwaitRetryResponse> {
+    const term = await this.#await(retryId, options, undefined);
+    if (term === undefined) {
+      throw new Error(`retryd: AwaitRetry ${retryId} gave up`); // unreachable without a give-up time
+    }
+    return term;
+  }
+
+  // #await is awaitRetry's loop. With giveUpAtMs, it returns undefined
+  // once that time has passed and the latest attempt could not attach.
+  async #await(retryId: string, options: RetrydCallOptions, giveUpAtMs: number | undefined): Promise<AwaitRetryResponse | undefined> {
     const signal = options.signal;
     let wait = this.#reattachInitialMs;
     for (;;) {
@@ -263,8 +419,14 @@ export class RetrydClient {
       // The stream broke, or ended without a terminal message: re-attach.
       if (attached) {
         wait = this.#reattachInitialMs;
+      } else if (giveUpAtMs !== undefined && Date.now() >= giveUpAtMs) {
+        return undefined;
       }
-      await sleep(jittered(wait), signal);
+      let pause = jittered(wait);
+      if (!attached && giveUpAtMs !== undefined) {
+        pause = Math.min(pause, Math.max(0, giveUpAtMs - Date.now()) + 1);
+      }
+      await sleep(pause, signal);
       wait = Math.min(2 * wait, this.#reattachMaxMs);
     }
   }
@@ -291,8 +453,22 @@ export class RetrydClient {
    * Reports a successful model request: the session's open chains close,
    * so its next failure starts again at retry 1.
    */
-  stepSucceeded(req: StepSucceededInit, options?: RetrydCallOptions): Promise<StepSucceededResponse> {
-    return this.service.stepSucceeded(req, options);
+  async stepSucceeded(req: StepSucceededInit, options: RetrydCallOptions = {}): Promise<StepSucceededResponse> {
+    const msg = create(StepSucceededRequestSchema, req);
+    try {
+      const resp = await this.service.stepSucceeded(msg, { ...options, timeoutMs: this.#answerTimeoutMs });
+      this.#decider?.stepSucceeded(msg.sessionId);
+      this.#stats.serverDecisions++;
+      return resp;
+    } catch (err) {
+      if (this.#decider === undefined || !unreachable(err, options.signal)) {
+        throw err;
+      }
+      // Degraded mode: close the session's local chains; the server's stay
+      // open until its next success (so its count runs on, conservatively).
+      this.#stats.localSuccesses++;
+      return create(StepSucceededResponseSchema, { closed: this.#decider.stepSucceeded(msg.sessionId) });
+    }
   }
 
   /** Reads a session's retry chains and its latest turn and step. */
@@ -348,34 +524,185 @@ export class RetrydClient {
    * {@link RecoverAbortedError}. Server errors are ConnectErrors thrown as
    * is: a report for a session that still has a pending retry fails with
    * FAILED_PRECONDITION, and retryPendingId(err) names that retry.
+   *
+   * Degraded mode: when no replica answers FailedStep within
+   * answerTimeoutMs (connection refused, UNAVAILABLE after the transport's
+   * retries, no answer at all), it decides locally with the server's
+   * policy engine (`local: true`), waits the delay itself and returns the
+   * outcome with local records; when a server-scheduled retry's await
+   * cannot re-attach by awaitGraceMs past its due time, it starts the
+   * retry itself (`localStart: true`). With failClosed it rejects with
+   * {@link RetrydUnreachableError} instead.
    */
   async recover(req: FailedStepInit, options: RetrydCallOptions = {}): Promise<Outcome> {
-    const resp = await this.failedStep(req, options);
+    const msg = create(FailedStepRequestSchema, req);
+    return this.#tracer.startActiveSpan(
+      "retryd.recover",
+      {
+        attributes: {
+          "retryd.session_id": msg.sessionId,
+          "retryd.turn": Number(msg.turn),
+          "retryd.step": Number(msg.step),
+          "retryd.provider": msg.provider,
+          "retryd.failure.code": msg.failure?.code ?? "",
+        },
+      },
+      async (span) => {
+        try {
+          const out = await this.#recover(msg, options, span);
+          span.setAttribute("retryd.decision.outcome", out.kind);
+          span.setAttribute("retryd.decision.local", out.local);
+          if (out.kind === "retry") {
+            span.setAttribute("retryd.retry.id", out.schedule.retryId);
+            span.setAttribute("retryd.retry.number", out.schedule.retryNumber);
+            span.setAttribute("retryd.retry.delay_ms", Number(out.schedule.delayMs));
+            span.setAttribute("retryd.retry.local_start", out.localStart);
+          } else if (out.kind === "delegate") {
+            span.setAttribute("retryd.delegate.reason", DelegateReason[out.delegate.reason] ?? String(out.delegate.reason));
+          }
+          this.#decisions.add(1, { "retryd.decision.local": out.local, "retryd.decision.outcome": out.kind });
+          return out;
+        } catch (err) {
+          if (err instanceof RecoverAbortedError) {
+            span.setAttribute("retryd.decision.local", isLocalId(err.schedule.retryId));
+          }
+          span.recordException(err instanceof Error ? err : String(err));
+          span.setStatus({ code: SpanStatusCode.ERROR, message: err instanceof Error ? err.message : String(err) });
+          throw err;
+        } finally {
+          span.end();
+        }
+      },
+    );
+  }
+
+  async #recover(msg: FailedStepRequest, options: RetrydCallOptions, span: Span): Promise<Outcome> {
+    let resp: FailedStepResponse;
+    try {
+      resp = await this.#report(msg, options);
+    } catch (err) {
+      if (!unreachable(err, options.signal)) {
+        throw err;
+      }
+      if (this.#decider === undefined) {
+        throw new RetrydUnreachableError(err);
+      }
+      span.addEvent("retryd unreachable: deciding locally", { "exception.message": err instanceof Error ? err.message : String(err) });
+      return this.#recoverLocally(this.#decider, msg, options);
+    }
+    this.#stats.serverDecisions++;
     const event = resp.event;
     const decision = resp.decision?.outcome;
     if (event === undefined || decision === undefined || decision.case === undefined) {
       throw new Error("retryd: FailedStep answered neither schedule nor delegate");
     }
     if (decision.case === "delegate") {
-      return { kind: "delegate", delegate: decision.value, event };
+      if (decision.value.reason === DelegateReason.BUDGET_EXHAUSTED && event.kind.case === "delegated") {
+        this.#decider?.observe(msg.sessionId, msg.provider, event.kind.value.policyKey, event.kind.value.mode, 0, false);
+      }
+      return { kind: "delegate", delegate: decision.value, event, local: false };
     }
     const schedule = decision.value;
-    let term: AwaitRetryResponse;
+    // The local chain follows the server's, so an outage continues its count.
+    this.#decider?.observe(msg.sessionId, msg.provider, schedule.policyKey, schedule.mode, schedule.retryNumber, true);
+    let term: AwaitRetryResponse | undefined;
     try {
-      term = await this.awaitRetry(schedule.retryId, options);
+      const giveUpAt = this.#decider === undefined ? undefined : msOf(schedule.dueAt) + this.#awaitGraceMs;
+      term = await this.#await(schedule.retryId, options, giveUpAt);
     } catch (err) {
       if (options.signal?.aborted) {
         return this.#cancelWaiting(schedule, event, options, options.signal.reason);
       }
       throw err;
     }
+    if (term === undefined) {
+      // No replica answered the await past the due time: start it here. If
+      // the server still holds it when it answers again, the next report's
+      // RETRY_PENDING is resolved by #report.
+      this.#rememberLocalStart(schedule.retryId);
+      this.#stats.localStarts++;
+      span.addEvent("retryd unreachable: starting the scheduled retry locally");
+      const started = create(RetryStartedSchema, {
+        retryId: schedule.retryId,
+        turn: msg.turn,
+        step: msg.step,
+        retryNumber: schedule.retryNumber,
+        startedAt: timestampFromMs(Date.now()),
+      });
+      return { kind: "retry", schedule, started, event, local: false, localStart: true };
+    }
     switch (term.message.case) {
       case "started":
-        return { kind: "retry", schedule, started: term.message.value, event };
+        return { kind: "retry", schedule, started: term.message.value, event, local: false, localStart: false };
       case "cancelled":
-        return { kind: "cancelled", schedule, cancelled: term.message.value, event };
+        return { kind: "cancelled", schedule, cancelled: term.message.value, event, local: false };
     }
     throw new Error(`retryd: AwaitRetry ${schedule.retryId} returned no terminal message`);
+  }
+
+  // #report sends FailedStep bounded by answerTimeoutMs. A RETRY_PENDING
+  // answer naming a retry this client started locally (its await could not
+  // re-attach while no replica answered) is resolved by awaiting that
+  // retry, which is past due so the server starts it at once and the chain
+  // counts it, and then sending the report again.
+  async #report(msg: FailedStepRequest, options: RetrydCallOptions): Promise<FailedStepResponse> {
+    const call = { ...options, timeoutMs: this.#answerTimeoutMs };
+    for (let resolved = 0; ; resolved++) {
+      try {
+        return await this.service.failedStep(msg, call);
+      } catch (err) {
+        const pending = retryPendingId(err);
+        if (pending === undefined || !this.#startedLocally.has(pending) || resolved >= 2) {
+          throw err;
+        }
+        const awaitSignal = AbortSignal.timeout(this.#answerTimeoutMs);
+        await this.awaitRetry(pending, {
+          signal: options.signal === undefined ? awaitSignal : AbortSignal.any([options.signal, awaitSignal]),
+        });
+        this.#startedLocally.delete(pending);
+        this.#stats.pendingResolved++;
+      }
+    }
+  }
+
+  async #recoverLocally(decider: LocalDecider, msg: FailedStepRequest, options: RetrydCallOptions): Promise<Outcome> {
+    const resp = decider.failedStep(msg);
+    this.#stats.localDecisions++;
+    const event = resp.event;
+    const decision = resp.decision?.outcome;
+    if (event === undefined || decision === undefined || decision.case === undefined) {
+      throw new Error("retryd: the local decider answered neither schedule nor delegate");
+    }
+    if (decision.case === "delegate") {
+      return { kind: "delegate", delegate: decision.value, event, local: true };
+    }
+    const schedule = decision.value;
+    try {
+      await sleep(Number(schedule.delayMs), options.signal);
+    } catch (cause) {
+      decider.cancel(schedule.retryId);
+      const cancelled = create(RetryCancelledSchema, {
+        retryId: schedule.retryId,
+        reason: CancelReason.REQUESTED,
+        turn: msg.turn,
+        step: msg.step,
+        retryNumber: schedule.retryNumber,
+      });
+      throw new RecoverAbortedError(cause, { schedule, event, cancelled });
+    }
+    const started = decider.start(schedule.retryId);
+    if (started === undefined) {
+      throw new Error(`retryd: local retry ${schedule.retryId} did not start`);
+    }
+    return { kind: "retry", schedule, started, event, local: true, localStart: false };
+  }
+
+  #rememberLocalStart(retryId: string): void {
+    this.#startedLocally.add(retryId);
+    if (this.#startedLocally.size > 10_000) {
+      const oldest = this.#startedLocally.values().next().value as string;
+      this.#startedLocally.delete(oldest);
+    }
   }
 
   // #cancelWaiting cancels the retry recover was waiting for after the
@@ -408,6 +735,34 @@ function tokenOption(options: ClientOptions): { token: string; insecure: boolean
     return { token: options.insecureBearerToken, insecure: true };
   }
   return undefined;
+}
+
+// unreachable reports whether a call's error means no replica answered
+// (the caller's signal had not aborted): UNAVAILABLE (connection refused,
+// after the transport's retries), DEADLINE_EXCEEDED (answerTimeoutMs with
+// no answer), or CANCELED and ABORTED, which is how connect-node reports a
+// connection that died under the call. retryd itself answers none of them.
+function unreachable(err: unknown, signal: AbortSignal | undefined): boolean {
+  if (signal?.aborted || !(err instanceof ConnectError)) {
+    return false;
+  }
+  switch (err.code) {
+    case Code.Unavailable:
+    case Code.DeadlineExceeded:
+    case Code.Canceled:
+    case Code.Aborted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+function isLocalId(id: string): boolean {
+  return id.startsWith("local-");
+}
+
+function msOf(ts: { seconds: bigint; nanos: number } | undefined): number {
+  return ts === undefined ? Date.now() : timestampMs(ts as Parameters<typeof timestampMs>[0]);
 }
 
 function positive(v: number | undefined, fallback: number): number {

@@ -282,6 +282,25 @@ export class LocalDecider {
     });
   }
 
+  /**
+   * Mirrors a chain as the server answered it (retries taken, open or
+   * closed), so that a later outage continues the server's count instead
+   * of starting the chain over.
+   */
+  observe(session: string, provider: string, policyKey: string, mode: Mode, retries: number, open: boolean): void {
+    if (policyKey === "") return;
+    const key = chainKey(session, provider, policyKey);
+    const c = this.#touch(key);
+    if (c !== undefined) {
+      c.retries = retries;
+      c.open = open;
+      return;
+    }
+    if (open) {
+      this.#add(key, { session, provider, policyKey, mode, retries, open });
+    }
+  }
+
   /** The due time of a local retry in ms since the epoch, or undefined. */
   dueMs(retryId: string): number | undefined {
     return this.#retries.get(retryId)?.dueMs;

@@ -34,7 +34,7 @@ const clients: RetrydClient[] = [];
 
 // client makes a client of the test server, closed after the tests.
 function client(options: ClientOptions = {}): RetrydClient {
-  const c = new RetrydClient(server.addr, options);
+  const c = new RetrydClient(server.addr, { insecure: true, ...options });
   clients.push(c);
   return c;
 }
@@ -142,14 +142,15 @@ test("without a token, or with a wrong one, the RetryService answers UNAUTHENTIC
 
 test("bearerToken is sent only over TLS: the constructor refuses a plaintext target", () => {
   for (const target of [server.addr, `http://${server.addr}`]) {
-    assert.throws(() => new RetrydClient(target, { bearerToken: TOKEN_A }), (err: unknown) => {
+    assert.throws(() => new RetrydClient(target, { bearerToken: TOKEN_A, insecure: true }), (err: unknown) => {
       assert.ok(err instanceof TypeError);
       assert.match(err.message, /only over TLS/);
       return true;
     });
   }
-  // An https:// target is accepted (it connects on the first call).
+  // An https:// target, or host:port (TLS by default), is accepted (it connects on the first call).
   new RetrydClient(`https://${server.addr}`, { bearerToken: TOKEN_A }).close();
+  new RetrydClient(server.addr, { bearerToken: TOKEN_A }).close();
   assert.throws(() => new RetrydClient(server.addr, { bearerToken: TOKEN_A, insecureBearerToken: TOKEN_A }), /not both/);
   const transport = createGrpcTransport({ baseUrl: `http://${server.addr}` });
   assert.throws(() => new RetrydClient(transport, { insecureBearerToken: TOKEN_A }), /bearerTokenInterceptor/);

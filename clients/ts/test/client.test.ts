@@ -19,7 +19,7 @@ let client: RetrydClient;
 
 before(async () => {
   server = await startRetryd();
-  client = new RetrydClient(server.addr);
+  client = new RetrydClient(server.addr, { insecure: true });
 });
 
 after(async () => {
@@ -115,7 +115,7 @@ class Proxy {
 test("recover re-attaches after the stream breaks, and the retry starts once", async () => {
   const session = "ts-client-reattach";
   const proxy = new Proxy(server.addr);
-  const viaProxy = new RetrydClient(await proxy.listen(), { reattachInitialMs: 20, reattachMaxMs: 100 });
+  const viaProxy = new RetrydClient(await proxy.listen(), { insecure: true, reattachInitialMs: 20, reattachMaxMs: 100 });
   try {
     const pending = viaProxy.recover(failure(session, 1, 1, 400), { signal: AbortSignal.timeout(30_000) });
     await waitAwaiters(session, 1);
@@ -216,7 +216,7 @@ test("watchEvents yields a session's log in order", async () => {
 test("recover returns cancelled (shutdown) when the server stops while it waits", async () => {
   const session = "ts-client-shutdown";
   const own = await startRetryd();
-  const ownClient = new RetrydClient(own.addr);
+  const ownClient = new RetrydClient(own.addr, { insecure: true });
   try {
     const pending = ownClient.recover(failure(session, 1, 1, 10_000), { signal: AbortSignal.timeout(30_000) });
     const deadline = Date.now() + 30_000;

@@ -16,7 +16,7 @@ let client: RetrydClient;
 
 before(async () => {
   server = await startRetryd("--max-pending-retries-per-tenant", "1");
-  client = new RetrydClient(server.addr);
+  client = new RetrydClient(server.addr, { insecure: true, retry: false }); // the raw refusals
 });
 
 after(async () => {

@@ -77,9 +77,14 @@ export interface RetrydServer {
   verify(): Promise<string>;
   /** Stops it (SIGTERM, SIGKILL after 15 s) by PID and waits for the exit. */
   stop(): Promise<void>;
+  /** Kills it at once (SIGKILL, no graceful stop) by PID and waits for the exit. */
+  kill(): Promise<void>;
 }
 
-/** Starts `retryd serve --listen 127.0.0.1:0 --log-format json` with extra args. */
+/**
+ * Starts `retryd serve --listen 127.0.0.1:0 --log-format json` with extra
+ * args (a later `--listen ADDR` among them wins, to restart on an address).
+ */
 export async function startRetryd(...args: string[]): Promise<RetrydServer> {
   const { bin } = await buildRetryd();
   const child = spawn(bin, ["serve", "--listen", "127.0.0.1:0", "--log-format", "json", ...args], {
@@ -123,6 +128,16 @@ export async function startRetryd(...args: string[]): Promise<RetrydServer> {
         throw new Error(`retryd verify: ${stdout}`);
       }
       return stdout.trim();
+    },
+    kill() {
+      stopped ??= (async () => {
+        if (child.exitCode !== null || child.signalCode !== null) {
+          return;
+        }
+        process.kill(pid, "SIGKILL");
+        await exited;
+      })();
+      return stopped;
     },
     stop() {
       stopped ??= (async () => {

@@ -19,7 +19,9 @@ from retryd.v1 import events_pb2, retry_service_pb2 as pb
 
 def run(server: RetrydServer, body: Callable[[retryd.AsyncClient], Awaitable[None]], addr: str = "") -> None:
     async def main() -> None:
-        async with retryd.AsyncClient(addr or server.addr, credentials=retryd.insecure(), reattach_initial=0.02, reattach_max=0.1) as c:
+        async with retryd.AsyncClient(
+            addr or server.addr, credentials=retryd.insecure(), reattach_initial=0.02, reattach_max=0.1, decision_timeout=30
+        ) as c:
             await body(c)
 
     asyncio.run(main())
@@ -142,7 +144,7 @@ def test_async_reattach_through_a_cut_connection(server: RetrydServer) -> None:
                 await asyncio.sleep(0.01)
             assert proxy.accepted >= n, f"recover did not connect again ({proxy.accepted} connections)"
             await asyncio.sleep(0.1)
-            assert proxy.cut() == 1
+            assert proxy.cut() >= 1
         out = await task
         assert out.kind == "retry" and out.started is not None
         assert proxy.accepted >= 3

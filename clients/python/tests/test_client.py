@@ -201,7 +201,11 @@ def test_recover_reattaches_through_a_cut_connection(server: RetrydServer) -> No
     and returns the one start; the log has exactly one started record."""
     proxy = TCPProxy(server.addr)
     try:
-        with retryd.Client(proxy.addr, credentials=retryd.insecure(), reattach_initial=0.02, reattach_max=0.1) as c:
+        # A decision timeout longer than the outage: this test is about
+        # re-attaching, not about degraded mode's own start.
+        with retryd.Client(
+            proxy.addr, credentials=retryd.insecure(), reattach_initial=0.02, reattach_max=0.1, decision_timeout=30
+        ) as c:
             session = "py-reattach"
             result: List[retryd.Outcome] = []
             errors: List[BaseException] = []
@@ -223,12 +227,12 @@ def test_recover_reattaches_through_a_cut_connection(server: RetrydServer) -> No
 
             connected(1)
             time.sleep(0.1)
-            assert proxy.cut() == 1
+            assert proxy.cut() >= 1
             # gRPC reconnects after its own backoff (about a second);
             # recover keeps re-attaching until it does.
             connected(2)
             time.sleep(0.1)
-            assert proxy.cut() == 1
+            assert proxy.cut() >= 1
             # Down across the due time (1.2 s after the report).
             proxy.refuse = True
             time.sleep(1.5)

@@ -4,7 +4,9 @@ errors (grpc-status-details-bin)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Iterator
+import threading
+import time
+from typing import Iterator, List
 
 import grpc
 import pytest
@@ -78,8 +80,8 @@ def test_errors_that_are_not_grpc() -> None:
 
 @pytest.fixture(scope="module")
 def limited(retryd_bin: str) -> Iterator[RetrydServer]:
-    """A retryd that holds one pending retry at most."""
-    srv = RetrydServer(retryd_bin, "--max-pending-retries", "1")
+    """A retryd that holds one pending retry at most, with one awaiter each."""
+    srv = RetrydServer(retryd_bin, "--max-pending-retries", "1", "--max-awaiters-per-retry", "1")
     try:
         yield srv
     finally:
@@ -88,8 +90,9 @@ def limited(retryd_bin: str) -> Iterator[RetrydServer]:
 
 def test_limit_reached_with_retry_info(limited: RetrydServer) -> None:
     """Admission control: RESOURCE_EXHAUSTED, LIMIT_REACHED naming the full
-    bound, and RetryInfo's delay; the same through the AsyncClient."""
-    with retryd.Client(limited.addr, credentials=retryd.insecure()) as c:
+    bound, and RetryInfo's delay; the same through the AsyncClient. (These
+    clients return the first refusal: exhausted_retries=0.)"""
+    with retryd.Client(limited.addr, credentials=retryd.insecure(), exhausted_retries=0) as c:
         first = c.failed_step(failed_step("py-limit-1", 1, 1, backoff_policy(10_000))).decision.schedule
         with pytest.raises(grpc.RpcError) as err:
             c.failed_step(failed_step("py-limit-2", 1, 1, backoff_policy(10_000)))
@@ -102,7 +105,7 @@ def test_limit_reached_with_retry_info(limited: RetrydServer) -> None:
         assert ri is not None and ri.retry_delay.seconds == 1
 
         async def via_async() -> None:
-            async with retryd.AsyncClient(limited.addr, credentials=retryd.insecure()) as ac:
+            async with retryd.AsyncClient(limited.addr, credentials=retryd.insecure(), exhausted_retries=0) as ac:
                 with pytest.raises(grpc.RpcError) as aerr:
                     await ac.failed_step(failed_step("py-limit-3", 1, 1, backoff_policy(10_000)))
                 assert retryd.is_limit_reached(aerr.value) == "pending_retries"
@@ -110,3 +113,36 @@ def test_limit_reached_with_retry_info(limited: RetrydServer) -> None:
 
         asyncio.run(via_async())
         c.cancel_retry(first.retry_id)
+
+
+def test_a_refusal_is_sent_again_after_its_retry_info(limited: RetrydServer) -> None:
+    """By default a FailedStep refused by admission control is sent again
+    after the RetryInfo delay (1 s), and succeeds once the bound has room;
+    with no room within the call's timeout the refusal is returned."""
+    with retryd.Client(limited.addr, credentials=retryd.insecure()) as c:
+        first = c.failed_step(failed_step("py-again-1", 1, 1, backoff_policy(10_000))).decision.schedule
+        with pytest.raises(grpc.RpcError) as err:
+            c.failed_step(failed_step("py-again-2", 1, 1, backoff_policy(10_000)), timeout=0.5)
+        assert retryd.is_limit_reached(err.value) == "pending_retries"
+        threading.Timer(0.3, lambda: c.cancel_retry(first.retry_id)).start()
+        begin = time.monotonic()
+        second = c.failed_step(failed_step("py-again-2", 1, 1, backoff_policy(10_000)), timeout=10)
+        assert second.decision.WhichOneof("outcome") == "schedule"
+        assert time.monotonic() - begin >= 1.0, "sent again before the RetryInfo delay"
+        c.cancel_retry(second.decision.schedule.retry_id)
+
+
+def test_await_waits_out_a_full_awaiter_bound(limited: RetrydServer) -> None:
+    """One awaiter per retry: a second await_retry is refused with
+    RESOURCE_EXHAUSTED and RetryInfo, waits that long, attaches again and
+    gets the same start."""
+    with retryd.Client(limited.addr, credentials=retryd.insecure()) as c:
+        sc = c.failed_step(failed_step("py-awaiters-1", 1, 1, backoff_policy(300))).decision.schedule
+        terms: List[pb.AwaitRetryResponse] = []
+        threads = [threading.Thread(target=lambda: terms.append(c.await_retry(sc.retry_id, timeout=10))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert [t.WhichOneof("message") for t in terms] == ["started", "started"]
+        assert terms[0].started.started_at == terms[1].started.started_at

@@ -11,6 +11,7 @@ from typing import Any, AsyncIterator, Dict, Mapping, Optional, Sequence, Tuple,
 import grpc
 import grpc.aio
 
+from ._exhausted import DEFAULT_EXHAUSTED_RETRIES, honor_retry_info_async
 from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
 from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
 from .outcome import (
@@ -26,7 +27,7 @@ from .outcome import (
     positive,
     reattachable,
 )
-from .errors import is_retry_pending
+from .errors import is_retry_pending, retry_delay, status_code
 from .local import DEFAULT_LOCAL_MAX_CHAINS
 from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
 
@@ -87,9 +88,11 @@ class AsyncClient:
         local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
         local_retry_budget: Optional[int] = None,
         local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
+        exhausted_retries: int = DEFAULT_EXHAUSTED_RETRIES,
     ) -> None:
         self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
         self._fail_closed = fail_closed
+        self._exhausted = max(0, exhausted_retries)
         self._degraded = DegradedState(
             decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
             local_policies=local_policies or {},
@@ -126,7 +129,11 @@ class AsyncClient:
         """See Client.failed_step."""
         return cast(
             pb.FailedStepResponse,
-            await self._stub.FailedStep(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+            await honor_retry_info_async(
+                lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                timeout,
+                self._exhausted,
+            ),
         )
 
     async def await_retry(
@@ -150,6 +157,7 @@ class AsyncClient:
         backoff = self._reattach_initial
         while True:
             attached = False
+            pause: Optional[float] = None
             call = self._stub.AwaitRetry(
                 pb.AwaitRetryRequest(retry_id=retry_id), timeout=deadline.remaining(), metadata=metadata
             )
@@ -164,12 +172,18 @@ class AsyncClient:
             except (grpc.RpcError, StreamEndedError) as err:
                 if deadline.ended(err):
                     raise _TimedOut() from None
-                if not reattachable(err):
+                pause = _exhausted_pause(err)
+                if pause is None and not reattachable(err):
                     raise
-                if give_up is not None and time.time() > give_up:
+                if pause is None and give_up is not None and time.time() > give_up:
                     raise AwaitUnreachable(err) from err
             finally:
                 call.cancel()
+            if pause is not None:
+                # The awaiter bounds are full: wait as long as the server asks.
+                left = deadline.remaining()
+                await asyncio.sleep(pause if left is None else min(pause, left))
+                continue
             if attached:
                 backoff = self._reattach_initial
             delay = jittered(backoff)
@@ -228,7 +242,12 @@ class AsyncClient:
         async def send() -> pb.FailedStepResponse:
             left = deadline.remaining()
             t = left if self._fail_closed else min(x for x in (left, self._degraded.decision_timeout) if x is not None)
-            return cast(pb.FailedStepResponse, await self._stub.FailedStep(request, timeout=t, metadata=metadata))
+            return cast(
+                pb.FailedStepResponse,
+                await honor_retry_info_async(
+                    lambda left: self._stub.FailedStep(request, timeout=left, metadata=metadata), t, self._exhausted
+                ),
+            )
 
         try:
             return await send()
@@ -289,8 +308,12 @@ class AsyncClient:
         """See Client.cancel_retry."""
         return cast(
             pb.CancelRetriesResponse,
-            await self._stub.CancelRetries(
-                pb.CancelRetriesRequest(retry_id=retry_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            await honor_retry_info_async(
+                lambda t: self._stub.CancelRetries(
+                    pb.CancelRetriesRequest(retry_id=retry_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -301,8 +324,12 @@ class AsyncClient:
         self._degraded.close_session(session_id)
         return cast(
             pb.CancelRetriesResponse,
-            await self._stub.CancelRetries(
-                pb.CancelRetriesRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            await honor_retry_info_async(
+                lambda t: self._stub.CancelRetries(
+                    pb.CancelRetriesRequest(session_id=session_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -313,7 +340,11 @@ class AsyncClient:
         self._degraded.close_session(request.session_id)
         return cast(
             pb.StepSucceededResponse,
-            await self._stub.StepSucceeded(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+            await honor_retry_info_async(
+                lambda t: self._stub.StepSucceeded(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                timeout,
+                self._exhausted,
+            ),
         )
 
     async def get_chains(
@@ -322,8 +353,12 @@ class AsyncClient:
         """See Client.get_chains."""
         return cast(
             pb.GetChainsResponse,
-            await self._stub.GetChains(
-                pb.GetChainsRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            await honor_retry_info_async(
+                lambda t: self._stub.GetChains(
+                    pb.GetChainsRequest(session_id=session_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -359,3 +394,12 @@ class AsyncClient:
             raise
         finally:
             call.cancel()
+
+
+def _exhausted_pause(err: BaseException) -> Optional[float]:
+    """The RetryInfo delay of a RESOURCE_EXHAUSTED AwaitRetry (an awaiter
+    bound is full), or None."""
+    if status_code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    delay = retry_delay(err)
+    return None if delay is None else delay.total_seconds()

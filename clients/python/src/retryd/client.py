@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, cast
 
 import grpc
 
+from ._exhausted import DEFAULT_EXHAUSTED_RETRIES, honor_retry_info
 from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
 from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
 from .outcome import (
@@ -26,7 +27,7 @@ from .outcome import (
     positive,
     reattachable,
 )
-from .errors import is_retry_pending
+from .errors import is_retry_pending, retry_delay, status_code
 from .local import DEFAULT_LOCAL_MAX_CHAINS
 from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
 
@@ -125,7 +126,11 @@ class Client:
 
     The channel balances a dns:/// target round robin and retries the
     idempotent calls (FailedStep, GetChains, CancelRetries, StepSucceeded)
-    on UNAVAILABLE. options are more grpc channel options.
+    on UNAVAILABLE. options are more grpc channel options. Those calls,
+    when retryd's admission control refuses them (RESOURCE_EXHAUSTED with
+    a RetryInfo), are sent again after the delay it asks for,
+    exhausted_retries times while their timeout allows; await_retry waits
+    out a full awaiter bound the same way.
 
     Degraded mode (on unless fail_closed): when no replica answers a
     recover() report within decision_timeout seconds, the client decides
@@ -153,9 +158,11 @@ class Client:
         local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
         local_retry_budget: Optional[int] = None,
         local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
+        exhausted_retries: int = DEFAULT_EXHAUSTED_RETRIES,
     ) -> None:
         self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
         self._fail_closed = fail_closed
+        self._exhausted = max(0, exhausted_retries)
         self._degraded = DegradedState(
             decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
             local_policies=local_policies or {},
@@ -203,7 +210,11 @@ class Client:
         them; see is_retry_pending, error_reason and field_violations."""
         return cast(
             pb.FailedStepResponse,
-            self._stub.FailedStep(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+            honor_retry_info(
+                lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                timeout,
+                self._exhausted,
+            ),
         )
 
     def await_retry(
@@ -247,6 +258,7 @@ class Client:
         backoff = self._reattach_initial
         while True:
             attached = False
+            pause: Optional[float] = None
             call = self._stub.AwaitRetry(
                 pb.AwaitRetryRequest(retry_id=retry_id), timeout=wait.remaining(), metadata=metadata
             )
@@ -263,13 +275,18 @@ class Client:
                 ended = wait.ended(err)
                 if ended is not None:
                     raise ended from None
-                if not reattachable(err):
+                pause = _exhausted_pause(err)
+                if pause is None and not reattachable(err):
                     raise
-                if give_up is not None and time.time() > give_up:
+                if pause is None and give_up is not None and time.time() > give_up:
                     raise AwaitUnreachable(err) from err
             finally:
                 remove()
                 call.cancel()
+            if pause is not None:
+                # The awaiter bounds are full: wait as long as the server asks.
+                wait.sleep(pause)
+                continue
             if attached:
                 backoff = self._reattach_initial
             wait.sleep(jittered(backoff))
@@ -367,7 +384,12 @@ class Client:
         def send() -> pb.FailedStepResponse:
             left = wait.remaining()
             t = left if self._fail_closed else min(x for x in (left, self._degraded.decision_timeout) if x is not None)
-            return cast(pb.FailedStepResponse, self._stub.FailedStep(request, timeout=t, metadata=metadata))
+            return cast(
+                pb.FailedStepResponse,
+                honor_retry_info(
+                    lambda left: self._stub.FailedStep(request, timeout=left, metadata=metadata), t, self._exhausted
+                ),
+            )
 
         try:
             return send()
@@ -440,8 +462,12 @@ class Client:
         failure is retry 1."""
         return cast(
             pb.CancelRetriesResponse,
-            self._stub.CancelRetries(
-                pb.CancelRetriesRequest(retry_id=retry_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            honor_retry_info(
+                lambda t: self._stub.CancelRetries(
+                    pb.CancelRetriesRequest(retry_id=retry_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -456,8 +482,12 @@ class Client:
         self._degraded.close_session(session_id)
         return cast(
             pb.CancelRetriesResponse,
-            self._stub.CancelRetries(
-                pb.CancelRetriesRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            honor_retry_info(
+                lambda t: self._stub.CancelRetries(
+                    pb.CancelRetriesRequest(session_id=session_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -471,7 +501,11 @@ class Client:
         self._degraded.close_session(request.session_id)
         return cast(
             pb.StepSucceededResponse,
-            self._stub.StepSucceeded(request, timeout=timeout, metadata=self._md.for_call(traceparent)),
+            honor_retry_info(
+                lambda t: self._stub.StepSucceeded(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                timeout,
+                self._exhausted,
+            ),
         )
 
     def get_chains(
@@ -480,8 +514,12 @@ class Client:
         """Reads a session's retry chains and its latest turn and step."""
         return cast(
             pb.GetChainsResponse,
-            self._stub.GetChains(
-                pb.GetChainsRequest(session_id=session_id), timeout=timeout, metadata=self._md.for_call(traceparent)
+            honor_retry_info(
+                lambda t: self._stub.GetChains(
+                    pb.GetChainsRequest(session_id=session_id), timeout=t, metadata=self._md.for_call(traceparent)
+                ),
+                timeout,
+                self._exhausted,
             ),
         )
 
@@ -533,3 +571,12 @@ class Client:
         finally:
             remove()
             call.cancel()
+
+
+def _exhausted_pause(err: BaseException) -> Optional[float]:
+    """The RetryInfo delay of a RESOURCE_EXHAUSTED AwaitRetry (an awaiter
+    bound is full), or None."""
+    if status_code(err) != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    delay = retry_delay(err)
+    return None if delay is None else delay.total_seconds()

@@ -18,7 +18,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/retryd/retryd/fleet"
@@ -335,8 +334,9 @@ func (r *Retry) Terminal() *retrydv1.AwaitRetryResponse {
 	return nil
 }
 
-// stepRecord is the answer to one (turn, step, downstream phase) report,
-// kept so that the same report again gets the same answer. It keeps the
+// stepRecord is the answer to one report of the session's latest step,
+// kept so that a report that means the same gets the same answer (see
+// steprecord.go for which reports open a record). It keeps the
 // decision's event (the log's own record, numbered once the store appends
 // it) and not the response: a FailedStepResponse is that event plus a
 // decision whose every field is also in the event, so responseOf rebuilds
@@ -614,76 +614,50 @@ type FailOutcome struct {
 	PreviousAttempts []string
 }
 
-// fingerprintBufs are encoding buffers for fingerprint.
-var fingerprintBufs = sync.Pool{New: func() any { return new([]byte) }}
-
-// fingerprint is the SHA-256 of a report's deterministic encoding, which
-// stores keep with its step record. It is encoded by the generated
-// encoder (see server/codec.go), whose bytes are protobuf-go's
-// deterministic ones for retryd's messages, which have no maps, so
-// fingerprints stored by earlier versions still match
-// (TestFingerprintIsTheDeterministicEncodings).
-func fingerprint(req *retrydv1.FailedStepRequest) [sha256.Size]byte {
-	buf := fingerprintBufs.Get().(*[]byte)
-	defer fingerprintBufs.Put(buf)
-	size := req.SizeVT()
-	if cap(*buf) < size {
-		*buf = make([]byte, size)
-	}
-	b := (*buf)[:size]
-	if n, err := req.MarshalToSizedBufferVT(b); err != nil || n != size {
-		// A validated request always encodes; fall back to the text form.
-		b = append((*buf)[:0], req.String()...)
-		*buf = b
-	}
-	return sha256.Sum256(b)
-}
-
-func phaseOf(d retrydv1.Downstream) retrydv1.Downstream {
-	if d == retrydv1.Downstream_DOWNSTREAM_UNSPECIFIED {
-		return retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
-	}
-	return d
-}
-
-// Fail decides one failed step. It is idempotent per (turn, step,
-// downstream phase): the same report again returns the same response and
-// changes nothing.
+// Fail decides one failed step. A step is decided at most twice (see
+// steprecord.go): once, or in always mode once and once more as the
+// follow-up of its downstream_first answer. A report of the step that
+// means the same as a recorded one gets the recorded response and changes
+// nothing.
+//
+// When several refusals apply, the first of these wins: STALE_STEP (an
+// older step, even one reported exactly as before), the recorded answer,
+// STEP_RECORD_CONFLICT or DELEGATION_CANCELLED (an answered step), and
+// RETRY_PENDING (TestRefusalPrecedence).
 func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 	req := f.Request
 	pos := position{req.GetTurn(), req.GetStep()}
 	phase := phaseOf(req.GetDownstream())
-	fp := fingerprint(req)
+	fp := reportFingerprint(req, f.Policy)
 
-	if s.seen && pos == s.latest {
-		if rec := s.record(phase); rec != nil {
-			if rec.fingerprint != fp {
-				return FailOutcome{}, errorf(KindConflict,
-					"turn %d step %d (downstream %s) was already reported with different content",
-					pos.turn, pos.step, phase)
-			}
-			return FailOutcome{Response: rec.Response(s.ID)}, nil
-		}
-	}
 	if s.seen && pos.less(s.latest) {
 		return FailOutcome{}, errorf(KindStale,
 			"turn %d step %d is older than the session's latest recorded turn %d step %d",
 			pos.turn, pos.step, s.latest.turn, s.latest.step)
+	}
+	followUp := false
+	if s.seen && pos == s.latest && len(s.records) > 0 {
+		if rec := s.recorded(fp, req); rec != nil {
+			return FailOutcome{Response: rec.Response(s.ID)}, nil
+		}
+		if err := s.openRecord(pos, phase); err != nil {
+			return FailOutcome{}, err
+		}
+		followUp = true
 	}
 	if s.pending != nil {
 		return FailOutcome{}, &Error{Kind: KindPending, RetryID: s.pending.ID, Message: fmt.Sprintf(
 			"session has scheduled retry %s (turn %d step %d) that has not started; await or cancel it first",
 			s.pending.ID, s.pending.turn, s.pending.step)}
 	}
-	if s.cancelled != nil && *s.cancelled == pos && phase != retrydv1.Downstream_DOWNSTREAM_NOT_ASKED {
-		return FailOutcome{}, errorf(KindClosed,
-			"the open delegation of turn %d step %d was cancelled", pos.turn, pos.step)
-	}
 
 	if !s.seen || s.latest.less(pos) {
 		s.latest, s.seen = pos, true
 		s.clearRecords()
 		s.delegation, s.cancelled = nil, nil
+	}
+	if followUp {
+		s.delegation = nil // the handshake is answered, whatever this decides
 	}
 
 	var out FailOutcome
@@ -718,13 +692,9 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 		if f.Fleet != nil {
 			d = f.Fleet.Decided(p, a, d, env.Now)
 		}
-		if p.Mode == retrydv1.Mode_MODE_ALWAYS {
-			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
-				at := pos // only this branch keeps a pointer: pos stays on the stack
-				s.delegation = &at
-			} else if s.delegation != nil && *s.delegation == pos {
-				s.delegation = nil
-			}
+		if p.Mode == retrydv1.Mode_MODE_ALWAYS && d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
+			at := pos // only this branch keeps a pointer: pos stays on the stack
+			s.delegation = &at
 		}
 		if d.Schedule {
 			if chain == nil {

@@ -2,20 +2,23 @@ package engine
 
 import (
 	"crypto/sha256"
+	"slices"
 	"testing"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// TestFingerprintIsTheDeterministicEncodings: a report's fingerprint is
-// the SHA-256 of protobuf-go's deterministic encoding of it, as earlier
-// versions computed and stores keep, for reports with every kind of
-// field, an inline policy or a named one, and fields this version does
-// not know.
-func TestFingerprintIsTheDeterministicEncodings(t *testing.T) {
+// TestEncodingFingerprintIsTheDeterministicEncodings: a report's encoding
+// fingerprint is the SHA-256 of protobuf-go's deterministic encoding of
+// it, as earlier versions computed and stores may still keep, for reports
+// with every kind of field, an inline policy or a named one, and fields
+// this version does not know.
+func TestEncodingFingerprintIsTheDeterministicEncodings(t *testing.T) {
 	t.Parallel()
 	withUnknown := &retrydv1.FailedStepRequest{SessionId: "s", Turn: 2, Step: 3, Provider: "p",
 		Failure: &retrydv1.Failure{Code: "SERVER"}}
@@ -40,14 +43,15 @@ func TestFingerprintIsTheDeterministicEncodings(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := fingerprint(req), sha256.Sum256(b); got != want {
+		if got, want := encodingFingerprint(req), sha256.Sum256(b); got != want {
 			t.Errorf("%s: fingerprint %x, want %x", name, got, want)
 		}
 	}
 }
 
-// BenchmarkFingerprint: a report's fingerprint, against the same digest of
-// protobuf-go's deterministic encoding (how it was computed before).
+// BenchmarkFingerprint: a report's encoding fingerprint, against the same
+// digest of protobuf-go's deterministic encoding, and its fingerprint by
+// meaning (the step record's).
 //
 //	go test -run '^$' -bench Fingerprint -benchmem ./engine/
 func BenchmarkFingerprint(b *testing.B) {
@@ -68,7 +72,134 @@ func BenchmarkFingerprint(b *testing.B) {
 	b.Run("fingerprint", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			fingerprint(req)
+			encodingFingerprint(req)
 		}
 	})
+	b.Run("report", func(b *testing.B) {
+		p, err := policy.Resolve(req.GetPolicy())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			reportFingerprint(req, p)
+		}
+	})
+}
+
+// TestReportFingerprintCoversEveryField: every field of a report and its
+// failure changes the report's fingerprint, except the policy's spelling
+// (the policy counts by its canonical key); and the equivalent spellings
+// the fingerprint resolves are the same report.
+func TestReportFingerprintCoversEveryField(t *testing.T) {
+	t.Parallel()
+	always := resolve(t, &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_ALWAYS})
+	normal := resolve(t, nil)
+	baseReport := func() *retrydv1.FailedStepRequest {
+		return &retrydv1.FailedStepRequest{SessionId: "s", Turn: 1, Step: 1, Provider: "p",
+			Failure: &retrydv1.Failure{Code: "SERVER"}}
+	}
+	want := reportFingerprint(baseReport(), always)
+	// Each field set, on its own, to a value that is not its default.
+	eachField := func(of func(r *retrydv1.FailedStepRequest) protoreflect.Message, skip ...protoreflect.Name) {
+		fields := of(baseReport()).Descriptor().Fields()
+		for i := range fields.Len() {
+			fd := fields.Get(i)
+			if slices.Contains(skip, fd.Name()) {
+				continue
+			}
+			var v protoreflect.Value
+			switch fd.Kind() {
+			case protoreflect.StringKind:
+				v = protoreflect.ValueOfString("other")
+			case protoreflect.Uint64Kind:
+				v = protoreflect.ValueOfUint64(9)
+			case protoreflect.Uint32Kind:
+				v = protoreflect.ValueOfUint32(503)
+			case protoreflect.Int64Kind:
+				v = protoreflect.ValueOfInt64(-1)
+			case protoreflect.EnumKind:
+				v = protoreflect.ValueOfEnum(2)
+			case protoreflect.MessageKind:
+				if fd.Message().FullName() != "google.protobuf.Timestamp" {
+					t.Fatalf("field %s: a message field the test does not know how to set", fd.FullName())
+				}
+				v = protoreflect.ValueOfMessage((&timestamppb.Timestamp{Seconds: 1}).ProtoReflect())
+			default:
+				t.Fatalf("field %s: kind %s the test does not know how to set", fd.FullName(), fd.Kind())
+			}
+			r := baseReport()
+			of(r).Set(fd, v)
+			if reportFingerprint(r, always) == want {
+				t.Errorf("%s does not change the fingerprint", fd.FullName())
+			}
+		}
+	}
+	eachField(func(r *retrydv1.FailedStepRequest) protoreflect.Message { return r.ProtoReflect() },
+		"failure", "policy", "policy_name")
+	eachField(func(r *retrydv1.FailedStepRequest) protoreflect.Message { return r.GetFailure().ProtoReflect() })
+	req := baseReport()
+	// The deadline counts to the nanosecond.
+	req.Deadline = &timestamppb.Timestamp{Seconds: 1}
+	at := reportFingerprint(req, always)
+	req.Deadline.Nanos = 5
+	if reportFingerprint(req, always) == at {
+		t.Error("the deadline's nanoseconds do not change the fingerprint")
+	}
+	req.Deadline = nil
+	// Optional fields count when set to their zero value too.
+	req.Failure.ProviderRetryAfterMs, req.Failure.RetryAfter = proto.Int64(0), nil
+	if reportFingerprint(req, always) == want {
+		t.Error("provider_retry_after_ms set to 0 does not change the fingerprint")
+	}
+	req.Failure.ProviderRetryAfterMs, req.Failure.RetryAfter = nil, proto.String("")
+	if reportFingerprint(req, always) == want {
+		t.Error("an empty retry_after does not change the fingerprint")
+	}
+
+	same := map[string]func(r *retrydv1.FailedStepRequest) *policy.Policy{
+		"downstream NOT_ASKED": func(r *retrydv1.FailedStepRequest) *policy.Policy {
+			r.Downstream = retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
+			return always
+		},
+		"replay SAFE": func(r *retrydv1.FailedStepRequest) *policy.Policy {
+			r.Replay = retrydv1.Replay_REPLAY_SAFE
+			return always
+		},
+		"the policy inline": func(r *retrydv1.FailedStepRequest) *policy.Policy {
+			r.PolicySource = &retrydv1.FailedStepRequest_Policy{Policy: &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_ALWAYS}}
+			return always
+		},
+		"the policy by name": func(r *retrydv1.FailedStepRequest) *policy.Policy {
+			r.PolicySource = &retrydv1.FailedStepRequest_PolicyName{PolicyName: "agent-default"}
+			return always
+		},
+		"unknown fields": func(r *retrydv1.FailedStepRequest) *policy.Policy {
+			r.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 999, protowire.VarintType), 5))
+			return always
+		},
+	}
+	for name, change := range same {
+		r := baseReport()
+		if p := change(r); reportFingerprint(r, p) != want {
+			t.Errorf("%s changes the fingerprint", name)
+		}
+	}
+	// Downstream decides nothing outside always mode.
+	inNormal := reportFingerprint(baseReport(), normal)
+	for d := range retrydv1.Downstream_name {
+		r := baseReport()
+		r.Downstream = retrydv1.Downstream(d)
+		if reportFingerprint(r, normal) != inNormal {
+			t.Errorf("downstream %s changes the fingerprint of a normal-mode report", r.Downstream)
+		}
+	}
+	for name, p := range map[string]*policy.Policy{"another policy": normal, "no policy": nil} {
+		if reportFingerprint(baseReport(), p) == want {
+			t.Errorf("%s does not change the fingerprint", name)
+		}
+	}
+	if reportFingerprint(baseReport(), always) == encodingFingerprint(baseReport()) {
+		t.Error("a report's fingerprint equals its encoding fingerprint")
+	}
 }

@@ -6,8 +6,12 @@ toolchain go1.26.10
 
 require (
 	github.com/KimMachineGun/automemlimit v1.0.1
-	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/retryd/retryd/clients/go v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/gen v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/internal/retrydtest v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/invariant v0.0.0-00010101000000-000000000000
+	github.com/retryd/retryd/policy v0.0.0-00010101000000-000000000000
 	go.etcd.io/bbolt v1.4.3
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc v1.47.0
@@ -20,6 +24,7 @@ require (
 
 require (
 	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 )
 
@@ -82,4 +87,15 @@ require (
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
+)
+
+// The repository's own modules build from their working copies here. The
+// replace directives apply only inside this repository: a module that
+// requires this one resolves the versions required above.
+replace (
+	github.com/retryd/retryd/clients/go => ./clients/go
+	github.com/retryd/retryd/gen => ./gen
+	github.com/retryd/retryd/internal/retrydtest => ./internal/retrydtest
+	github.com/retryd/retryd/invariant => ./invariant
+	github.com/retryd/retryd/policy => ./policy
 )

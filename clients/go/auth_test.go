@@ -2,14 +2,15 @@ package retryd_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/retryd/retryd/auth"
 	retryd "github.com/retryd/retryd/clients/go"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
@@ -43,11 +44,19 @@ func writeCredentials(t *testing.T) string {
   - id: team-b
     tokens:
       - sha256: %q
-`, auth.HashToken(tokenTeamA), auth.HashToken(tokenTeamB))
+`, tokenHash(tokenTeamA), tokenHash(tokenTeamB))
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// tokenHash is the SHA-256 of token in hex, the form a credentials file
+// holds and `retryd hash-token` prints. The client's module does not import
+// the server's auth package, so the tests hash the token themselves.
+func tokenHash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
 }
 
 // bearer sends a token on a raw connection (for Verify, which reads the

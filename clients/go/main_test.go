@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retryd/retryd/auth"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"google.golang.org/grpc"
@@ -61,7 +60,7 @@ func run(m *testing.M) int {
 	}
 	creds, config := filepath.Join(dir, "credentials.yaml"), filepath.Join(dir, "config.yaml")
 	files := map[string]string{
-		creds:  fmt.Sprintf("tenants:\n  - id: agents\n    tokens:\n      - sha256: %q\n", auth.HashToken(exampleToken)),
+		creds:  fmt.Sprintf("tenants:\n  - id: agents\n    tokens:\n      - sha256: %q\n", tokenHash(exampleToken)),
 		config: "providers:\n  deepseek:\n    fleet: {capacity: 20}\n",
 	}
 	for path, body := range files {

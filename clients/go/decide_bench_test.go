@@ -12,7 +12,7 @@ import (
 // BenchmarkLocalDecision is the client's cost of one degraded-mode
 // schedule decision (policy, chain, event record), without the wait:
 //
-//	go test -run '^$' -bench 'LocalDecision|ServerDecision' -benchmem ./clients/go/
+//	go test -C clients/go -run '^$' -bench 'LocalDecision|ServerDecision' -benchmem .
 func BenchmarkLocalDecision(b *testing.B) {
 	c := NewFromConn(nil, WithLocalRetryBudget(math.MaxUint32))
 	p := &retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_SCHEDULE}

@@ -16,7 +16,8 @@
 # and commit go.mod and go.sum (`run.sh` prints the snapshot's date).
 #
 # Usage: tools/govulncheck/run.sh [govulncheck flags] [packages]
-#        (default: ./...)
+#        (without arguments: ./... of every Go module, via
+#        tools/each-go-module)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,6 +36,9 @@ go tool -modfile="$modfile" indexdb -vulns "$vulndb/data/osv" -out "$db"
 echo "vulnerability database: golang.org/x/vulndb $version, $(ls "$vulndb/data/osv" | wc -l) records" >&2
 
 if [ $# -eq 0 ]; then
-  set -- ./...
+  # Each module is scanned from its own directory, with its own
+  # requirements; the tool still comes from the pinned tools module.
+  tools/each-go-module go tool -modfile="$PWD/$modfile" govulncheck -db "file://$db" ./...
+  exit
 fi
 go tool -modfile="$modfile" govulncheck -db "file://$db" "$@"

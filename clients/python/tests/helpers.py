@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import List, Optional
+
+import grpc
 
 import retryd
 from retryd.v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
@@ -44,3 +47,19 @@ def watch_session(client: retryd.Client, session: str) -> List[events_pb2.Event]
 
 def kinds(events: List[events_pb2.Event]) -> List[str]:
     return [str(e.WhichOneof("kind")) for e in events]
+
+
+def wait_awaiters(client: retryd.Client, session: str, n: int, timeout: float = 10) -> None:
+    """Waits until the session's latest retry is pending with n awaiters
+    (a recover() or await_retry is attached), so a test acts on a waiting
+    call, not on one still reporting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chains = client.get_chains(session).chains
+        except grpc.RpcError:
+            chains = []
+        if chains and chains[0].latest.status == pb.RETRY_STATUS_PENDING and chains[0].latest.awaiters >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{session}: no pending retry with {n} awaiters within {timeout} s")

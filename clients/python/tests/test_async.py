@@ -31,6 +31,20 @@ async def events_of(c: retryd.AsyncClient, session: str) -> List[events_pb2.Even
     return [e async for e in c.watch_events(pb.WatchEventsRequest(session_id=session, stop_at_end=True), timeout=10)]
 
 
+async def awaiting(c: retryd.AsyncClient, session: str) -> None:
+    """Waits until recover() is attached to its pending retry."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            chains = (await c.get_chains(session)).chains
+        except grpc.RpcError:
+            chains = []
+        if chains and chains[0].latest.awaiters >= 1:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{session}: recover never waited")
+
+
 async def assert_cancelled_on_server(c: retryd.AsyncClient, session: str) -> str:
     latest = (await c.get_chains(session)).chains[0].latest
     assert latest.status == pb.RETRY_STATUS_CANCELLED
@@ -84,7 +98,7 @@ def test_async_task_cancel_cancels_the_retry(server: RetrydServer) -> None:
     async def body(c: retryd.AsyncClient) -> None:
         session = "py-async-task-cancel"
         task = asyncio.create_task(c.recover(failed_step(session, 1, 1, backoff_policy(10_000))))
-        await asyncio.sleep(0.3)
+        await awaiting(c, session)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -100,7 +114,7 @@ def test_async_timeout_context_cancels_the_retry(server: RetrydServer) -> None:
     async def body(c: retryd.AsyncClient) -> None:
         session = "py-async-timeout-ctx"
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.3):
+            async with asyncio.timeout(1.5):
                 await c.recover(failed_step(session, 1, 1, backoff_policy(10_000)))
         await assert_cancelled_on_server(c, session)
 
@@ -111,7 +125,7 @@ def test_async_recover_timeout_cancels_the_retry(server: RetrydServer) -> None:
     async def body(c: retryd.AsyncClient) -> None:
         session = "py-async-timeout"
         with pytest.raises(retryd.RecoverAbortedError) as aborted:
-            await c.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=0.3)
+            await c.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=1.5)
         err = aborted.value
         assert err.reason == "timeout" and err.cancel_error is None
         assert err.cancelled is not None and err.cancelled.reason == events_pb2.CANCEL_REASON_REQUESTED

@@ -8,13 +8,13 @@ from __future__ import annotations
 import _thread
 import threading
 import time
-from typing import Iterator, List
+from typing import Callable, Iterator, List
 
 import grpc
 import pytest
 
 import retryd
-from helpers import backoff_policy, failed_step, kinds, watch_session
+from helpers import backoff_policy, failed_step, kinds, wait_awaiters, watch_session
 from retrydtest import RetrydServer, TCPProxy
 from retryd.v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
 
@@ -252,7 +252,7 @@ def test_recover_reattaches_through_a_cut_connection(server: RetrydServer) -> No
 def test_several_awaiters_of_one_retry(client: retryd.Client) -> None:
     """Five threads await one retry: each gets the same single start."""
     session = "py-many-awaiters"
-    sc = client.failed_step(failed_step(session, 1, 1, backoff_policy(300))).decision.schedule
+    sc = client.failed_step(failed_step(session, 1, 1, backoff_policy(1_000))).decision.schedule
     terms: List[pb.AwaitRetryResponse] = []
     lock = threading.Lock()
 
@@ -264,7 +264,7 @@ def test_several_awaiters_of_one_retry(client: retryd.Client) -> None:
     threads = [threading.Thread(target=wait) for _ in range(5)]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    wait_awaiters(client, session, 5)
     state = client.get_chains(session).chains[0].latest
     assert state.status == pb.RETRY_STATUS_PENDING and state.awaiters == 5
     for t in threads:
@@ -273,6 +273,12 @@ def test_several_awaiters_of_one_retry(client: retryd.Client) -> None:
     assert {t.WhichOneof("message") for t in terms} == {"started"}
     assert len({t.started.started_at.ToNanoseconds() for t in terms}) == 1
     assert kinds(watch_session(client, session)) == ["scheduled", "started"]
+
+
+def _after_waiting(client: retryd.Client, session: str, act: Callable[[], None]) -> None:
+    """Runs act once recover() waits on the session's pending retry."""
+    wait_awaiters(client, session, 1)
+    act()
 
 
 def _assert_cancelled_on_server(client: retryd.Client, session: str, retry_id: str) -> None:
@@ -287,7 +293,7 @@ def test_recover_cancellation_cancels_the_retry(client: retryd.Client) -> None:
     with RecoverAbortedError, and the retry is cancelled on the server."""
     session = "py-recover-cancel"
     cancel = retryd.Cancellation()
-    threading.Timer(0.3, cancel.cancel).start()
+    threading.Thread(target=_after_waiting, args=(client, session, cancel.cancel)).start()
     begin = time.monotonic()
     with pytest.raises(retryd.RecoverAbortedError) as aborted:
         client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), cancel=cancel)
@@ -302,7 +308,7 @@ def test_recover_cancellation_cancels_the_retry(client: retryd.Client) -> None:
 def test_recover_timeout_cancels_the_retry(client: retryd.Client) -> None:
     session = "py-recover-timeout"
     with pytest.raises(retryd.RecoverAbortedError) as aborted:
-        client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=0.4)
+        client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=1.5)
     assert aborted.value.reason == "timeout"
     assert aborted.value.cancelled is not None
     _assert_cancelled_on_server(client, session, aborted.value.schedule.retry_id)
@@ -312,7 +318,7 @@ def test_keyboard_interrupt_cancels_the_retry(client: retryd.Client) -> None:
     """Ctrl-C while recover() waits: the retry is cancelled on the server
     and the KeyboardInterrupt goes on."""
     session = "py-recover-interrupt"
-    threading.Timer(0.3, _thread.interrupt_main).start()
+    threading.Thread(target=_after_waiting, args=(client, session, _thread.interrupt_main)).start()
     with pytest.raises(KeyboardInterrupt):
         client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=10)
     chain = client.get_chains(session).chains[0]

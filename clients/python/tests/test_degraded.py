@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 import retryd
-from helpers import backoff_policy, failed_step, kinds
+from helpers import backoff_policy, failed_step, kinds, wait_awaiters
 from retrydtest import RetrydServer, TCPProxy, temp_dir
 from retryd.v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
 
@@ -139,19 +139,6 @@ def test_fail_closed(server: RetrydServer) -> None:
         d.close()
 
 
-def _wait_awaiters(client: retryd.Client, session: str, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            chains = client.get_chains(session).chains
-            if chains and chains[0].latest.awaiters >= n:
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError(f"no {n} awaiters on {session}")
-
-
 def test_await_that_cannot_reattach_starts_locally(degraded: Degraded) -> None:
     """retryd scheduled the retry, then became unreachable while recover()
     awaited it: the client starts the retry itself after its due time plus
@@ -164,7 +151,7 @@ def test_await_that_cannot_reattach_starts_locally(degraded: Degraded) -> None:
     begin = time.monotonic()
     t = threading.Thread(target=lambda: result.append(d.client.recover(failed_step(session, 1, 1, backoff_policy(300)), timeout=20)))
     t.start()
-    _wait_awaiters(d.direct, session, 1)
+    wait_awaiters(d.direct, session, 1)
     d.cut()
     t.join(20)
     out = result[0]
@@ -230,12 +217,14 @@ def test_async_local_decisions_and_cancellation(degraded: Degraded) -> None:
             out = await c.recover(failed_step("py-degraded-async", 1, 1, backoff_policy(50)), timeout=10)
             assert out.local and out.kind == "retry" and retryd.is_local(out.event)
             task = asyncio.create_task(c.recover(failed_step("py-degraded-async", 1, 2, backoff_policy(5_000))))
-            await asyncio.sleep(TIMEOUT + 0.5)
+            deadline = time.monotonic() + 20
+            while c.decisions().get("schedule/local", 0) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # until the local retry backs off
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             with pytest.raises(retryd.RecoverAbortedError) as aborted:
-                await c.recover(failed_step("py-degraded-async", 1, 3, backoff_policy(5_000)), timeout=TIMEOUT + 0.3)
+                await c.recover(failed_step("py-degraded-async", 1, 3, backoff_policy(5_000)), timeout=TIMEOUT + 1.5)
             assert aborted.value.cancelled is not None
             assert aborted.value.cancelled.reason == events_pb2.CANCEL_REASON_REQUESTED
             assert c.decisions() == {"schedule/local": 3}

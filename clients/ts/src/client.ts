@@ -48,9 +48,9 @@ export const DEFAULT_REATTACH_MAX_MS = 2000;
 /** The bound of the CancelRetries call recover makes when its signal aborts. */
 export const DEFAULT_CANCEL_TIMEOUT_MS = 5000;
 /** How long recover and stepSucceeded wait for an answer before deciding locally. */
-export const DEFAULT_ANSWER_TIMEOUT_MS = 5000;
+export const DEFAULT_ANSWER_TIMEOUT_MS = 3000;
 /** How long past a server retry's due time recover keeps trying to re-attach before starting it locally. */
-export const DEFAULT_AWAIT_GRACE_MS = 5000;
+export const DEFAULT_AWAIT_GRACE_MS = 3000;
 
 /**
  * Degraded mode: what recover does when no retryd replica answers (see
@@ -276,6 +276,10 @@ export class RetrydClient {
   readonly #awaitGraceMs: number;
   // Server retry ids this client started locally, newest last (bounded).
   readonly #startedLocally = new Set<string>();
+  // Sessions decided locally since the server last answered them, newest
+  // last (bounded): a RETRY_PENDING for a retry the client never saw (a
+  // lost answer) belongs to the agent's own local retry.
+  readonly #localSessions = new Set<string>();
   readonly #tracer: Tracer;
   readonly #decisions: Counter;
   readonly #stats: ClientStats = { serverDecisions: 0, localDecisions: 0, localStarts: 0, localSuccesses: 0, pendingResolved: 0 };
@@ -591,6 +595,7 @@ export class RetrydClient {
       return this.#recoverLocally(this.#decider, msg, options);
     }
     this.#stats.serverDecisions++;
+    this.#localSessions.delete(msg.sessionId);
     const event = resp.event;
     const decision = resp.decision?.outcome;
     if (event === undefined || decision === undefined || decision.case === undefined) {
@@ -652,7 +657,8 @@ export class RetrydClient {
         return await this.service.failedStep(msg, call);
       } catch (err) {
         const pending = retryPendingId(err);
-        if (pending === undefined || !this.#startedLocally.has(pending) || resolved >= 2) {
+        const ours = pending !== undefined && (this.#startedLocally.has(pending) || this.#localSessions.has(msg.sessionId));
+        if (pending === undefined || !ours || resolved >= 2) {
           throw err;
         }
         const awaitSignal = AbortSignal.timeout(this.#answerTimeoutMs);
@@ -668,6 +674,11 @@ export class RetrydClient {
   async #recoverLocally(decider: LocalDecider, msg: FailedStepRequest, options: RetrydCallOptions): Promise<Outcome> {
     const resp = decider.failedStep(msg);
     this.#stats.localDecisions++;
+    this.#localSessions.delete(msg.sessionId);
+    this.#localSessions.add(msg.sessionId);
+    if (this.#localSessions.size > 10_000) {
+      this.#localSessions.delete(this.#localSessions.values().next().value as string);
+    }
     const event = resp.event;
     const decision = resp.decision?.outcome;
     if (event === undefined || decision === undefined || decision.case === undefined) {

@@ -126,6 +126,9 @@ const resolved = new Map<string, ResolvedPolicy>();
 export class LocalDecider {
   readonly #chains = new Map<string, LocalChain>();
   readonly #retries = new Map<string, LocalRetry>();
+  // The last report of each session and its answer: the same report again
+  // gets the same answer, as from the server's step records.
+  readonly #records = new Map<string, { turn: bigint; step: bigint; phase: Downstream; response: FailedStepResponse }>();
   readonly #opts: Required<Omit<LocalOptions, "policies" | "providerPolicies" | "maxRetries">> & LocalOptions;
 
   constructor(options: LocalOptions = {}) {
@@ -149,9 +152,23 @@ export class LocalDecider {
    * policy name.
    */
   failedStep(req: FailedStepRequest): FailedStepResponse {
+    const phase = req.downstream === Downstream.UNSPECIFIED ? Downstream.NOT_ASKED : req.downstream;
+    const rec = this.#records.get(req.sessionId);
+    if (rec !== undefined && rec.turn === req.turn && rec.step === req.step && rec.phase === phase) {
+      return rec.response;
+    }
+    const response = this.#decide(req, phase);
+    this.#records.delete(req.sessionId);
+    this.#records.set(req.sessionId, { turn: req.turn, step: req.step, phase, response });
+    while (this.#records.size > this.#opts.maxChains) {
+      this.#records.delete(this.#records.keys().next().value as string);
+    }
+    return response;
+  }
+
+  #decide(req: FailedStepRequest, phase: Downstream): FailedStepResponse {
     const now = this.#opts.now();
     const policy = this.#policyOf(req);
-    const phase = req.downstream === Downstream.UNSPECIFIED ? Downstream.NOT_ASKED : req.downstream;
     const failure = req.failure ?? create(FailureSchema);
     if (policy === undefined) {
       return delegated(req, now, phase, DelegateReason.NO_PROVIDER, "the failure happened before any provider adapter was selected");
@@ -339,8 +356,9 @@ export class LocalDecider {
     return this.#closeSession(session, CloseReason.SUCCEEDED);
   }
 
-  /** Forgets the session's local chains and retries (after the server answered again). */
+  /** Forgets the session's local chains, retries and last report. */
   forget(session: string): void {
+    this.#records.delete(session);
     for (const [k, c] of this.#chains) {
       if (c.session === session) this.#chains.delete(k);
     }

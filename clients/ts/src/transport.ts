@@ -20,7 +20,7 @@ export const IDEMPOTENT_METHODS: ReadonlySet<string> = new Set(["FailedStep", "G
 export interface RetryOptions {
   /** Attempts in all, the first included (default 4; 1 turns retries off). */
   maxAttempts?: number;
-  /** The first wait after UNAVAILABLE, jittered over [d/2, d] (default 100 ms), doubling... */
+  /** The first wait after UNAVAILABLE, jittered over [d/2, d] (default 50 ms), doubling ... */
   initialBackoffMs?: number;
   /** ... up to this (default 1000 ms). */
   maxBackoffMs?: number;
@@ -32,7 +32,7 @@ export interface RetryOptions {
 }
 
 export const DEFAULT_RETRY_MAX_ATTEMPTS = 4;
-export const DEFAULT_RETRY_INITIAL_BACKOFF_MS = 100;
+export const DEFAULT_RETRY_INITIAL_BACKOFF_MS = 50;
 export const DEFAULT_RETRY_MAX_BACKOFF_MS = 1000;
 export const DEFAULT_RETRY_MAX_RETRY_INFO_DELAY_MS = 5000;
 

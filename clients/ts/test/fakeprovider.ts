@@ -47,6 +47,8 @@ export class FakeProvider {
   readonly received: Received[] = [];
   #script: Scripted[] = [];
   readonly #server: Server;
+  /** Answers a request when no scripted answer is left, by the request's model. */
+  responder: ((model: string) => Scripted) | undefined;
 
   constructor() {
     this.#server = createServer((req, res) => void this.#answer(req, res));
@@ -78,7 +80,7 @@ export class FakeProvider {
     for await (const chunk of req) raw += String(chunk);
     const body = JSON.parse(raw || "{}") as { stream?: boolean; model?: string };
     const stream = body.stream === true;
-    const next = this.#script.shift();
+    const next = this.#script.shift() ?? this.responder?.(body.model ?? "");
     this.received.push({ at: Date.now(), stream, answered: next?.kind ?? "unscripted" });
     const model = body.model ?? "fake-model";
     if (next === undefined) {

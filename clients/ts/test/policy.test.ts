@@ -345,6 +345,9 @@ test("the local cap bounds unlimited modes and the chains are bounded in number"
   // The exhausted chain closed: the next failure starts at retry 1 again.
   const again = d.failedStep(req("s", 4)).decision?.outcome;
   assert.ok(again?.case === "schedule" && again.value.retryNumber === 1);
+  // The same report again gets the same answer, as from the server's step records.
+  const repeated = d.failedStep(req("s", 4)).decision?.outcome;
+  assert.ok(repeated?.case === "schedule" && repeated.value.retryId === again.value.retryId);
   // At most maxChains chains: the least recently used one goes first.
   for (const s of ["a", "b", "c"]) d.failedStep(req(s, 1));
   assert.equal(d.chainCount, 3);

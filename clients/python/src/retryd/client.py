@@ -3,7 +3,6 @@ the agent loop's one call for a failed model request."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, cast
 
@@ -12,6 +11,7 @@ import grpc
 from ._exhausted import DEFAULT_EXHAUSTED_RETRIES, honor_retry_info
 from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
 from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
+from ._wait import Wait as _Wait, TimedOut as _TimedOut, public as _public
 from .outcome import (
     DEFAULT_CANCEL_TIMEOUT,
     DEFAULT_REATTACH_INITIAL,
@@ -32,81 +32,6 @@ from .local import DEFAULT_LOCAL_MAX_CHAINS
 from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
 
 pb = retry_service_pb2
-
-
-class _TimedOut(Exception):
-    """The call's own timeout passed."""
-
-
-class _Wait:
-    """The end of one blocking call: its deadline (time.monotonic) and its
-    Cancellation."""
-
-    def __init__(self, timeout: Optional[float], cancel: Optional[Cancellation]) -> None:
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.cancel = cancel
-
-    def remaining(self) -> Optional[float]:
-        """Seconds left (None: no deadline); raises when the wait ended."""
-        self.check()
-        if self.deadline is None:
-            return None
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise _TimedOut()
-        return left
-
-    def check(self) -> None:
-        if self.cancel is not None and self.cancel.cancelled:
-            raise OperationCancelled("retryd: cancelled")
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            raise _TimedOut()
-
-    def over(self) -> bool:
-        """Whether the caller's time has run out or it cancelled."""
-        try:
-            self.check()
-        except (OperationCancelled, _TimedOut):
-            return True
-        return False
-
-    def ended(self, err: BaseException) -> Optional[BaseException]:
-        """The error to raise when err means the wait ended: its
-        cancellation, its deadline (also a DEADLINE_EXCEEDED status, the
-        server's copy of the deadline passing a moment before ours)."""
-        try:
-            self.check()
-        except (OperationCancelled, _TimedOut) as e:
-            return e
-        if (
-            self.deadline is not None
-            and isinstance(err, grpc.RpcError)
-            and hasattr(err, "code")
-            and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        ):
-            return _TimedOut()
-        return None
-
-    def sleep(self, seconds: float) -> None:
-        """Sleeps, ending early (and raising) when the wait ends."""
-        left = self.remaining()
-        if left is not None and left < seconds:
-            seconds = left
-        woken = threading.Event()
-        remove = self.cancel.subscribe(woken.set) if self.cancel is not None else (lambda: None)
-        try:
-            woken.wait(seconds)
-        finally:
-            remove()
-        self.check()
-
-
-def _public(err: BaseException) -> BaseException:
-    """What a wait's end looks like to the caller: TimeoutError for a
-    timeout, OperationCancelled for a cancellation."""
-    if isinstance(err, _TimedOut):
-        return TimeoutError("retryd: the call's timeout passed")
-    return err
 
 
 class Client:

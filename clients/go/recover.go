@@ -10,6 +10,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -64,7 +66,9 @@ type Outcome struct {
 // provider, policy key); it waits the delay itself and returns the
 // outcome with Local set. When a scheduled retry's AwaitRetry cannot
 // re-attach until WithDecisionTimeout after its due time, Recover starts
-// it itself (Local set, Started local). Every call asks retryd first, so
+// it itself (Local set, Started local), and so it does, at the due time,
+// when AwaitRetry answers NOT_FOUND (a retryd restarted without its
+// state). Every call asks retryd first, so
 // the first answered call resumes server decisions. A later report that
 // retryd refuses with RETRY_PENDING for a retry the client started by
 // itself, or for a session it decided locally since retryd's last answer
@@ -124,6 +128,13 @@ func (c *Client) Recover(ctx context.Context, req *retrydv1.FailedStepRequest) (
 	switch {
 	case errors.As(err, &lost):
 		return c.startLocally(ctx, req, out, lost.err), nil
+	case status.Code(err) == codes.NotFound && !c.opts.failClosed && ctx.Err() == nil:
+		// A retryd restarted without its state no longer knows the retry
+		// it scheduled; its backoff is the agent's to finish.
+		if err := sleep(ctx, time.Until(out.Schedule.GetDueAt().AsTime())); err != nil {
+			return out, err
+		}
+		return c.startLocally(ctx, req, out, err), nil
 	case err != nil:
 		if cerr := contextEnded(ctx, err); cerr != nil {
 			return c.cancelWaiting(ctx, out, cerr)

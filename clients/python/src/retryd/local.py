@@ -13,6 +13,7 @@ local schedule or delegation starts with "decided locally".
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Callable, Dict, List, Literal, Mapping, Optional, Sequence, T
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from . import policy as P
 from ._gen.google.rpc import error_details_pb2, status_pb2
@@ -124,17 +126,16 @@ class _Retry:
     cancelled: Optional[events_pb2.RetryCancelled] = None
 
 
-def _ts(ms: float) -> "object":
-    from google.protobuf.timestamp_pb2 import Timestamp
-
+def _ts(ms: float) -> Timestamp:
     t = Timestamp()
     t.FromNanoseconds(int(ms * 1_000_000))
     return t
 
 
+@functools.lru_cache(maxsize=1024)
 def policy_proto(p: P.ResolvedPolicy) -> policy_pb2.RetryPolicy:
     """The resolved policy with every field explicit, as the server records
-    it in scheduled events."""
+    it in scheduled events. Cached: copy it, never change it."""
     out = policy_pb2.RetryPolicy(
         mode=p.mode, retryable_codes=list(p.codes), retry_after_over_cap=p.over_cap, min_attempt_ms=p.min_attempt_ms
     )

@@ -1,8 +1,11 @@
 package retryd_test
 
 import (
+	"io"
+	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,5 +116,84 @@ func BenchmarkServerDecision(b *testing.B) {
 		if err != nil || resp.GetDecision().GetSchedule() == nil {
 			b.Fatalf("FailedStep: %v, %v", resp, err)
 		}
+	}
+}
+
+// cutProxy forwards loopback connections to a server and, when armed,
+// closes the connection on which the client next sends anything, without
+// forwarding it: the call in flight fails UNAVAILABLE after it left the
+// client, which gRPC retries only under a retry policy.
+type cutProxy struct {
+	ln       net.Listener
+	target   string
+	armed    atomic.Bool
+	accepted atomic.Int32
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			p.accepted.Add(1)
+			go func() { _, _ = io.Copy(down, up); down.Close() }()
+			go func() {
+				defer up.Close()
+				defer down.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := down.Read(buf)
+					if n > 0 && p.armed.CompareAndSwap(true, false) {
+						return // drop what the client sent and hang up
+					}
+					if n > 0 {
+						if _, werr := up.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// TestServiceConfigRetriesUnavailable: a FailedStep whose connection
+// breaks after the request left the client fails UNAVAILABLE, and the
+// service config's retry policy sends it again on a new connection.
+func TestServiceConfigRetriesUnavailable(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.Start(t)
+	p := startCutProxy(t, srv.Addr)
+	client := newClient(t, p.ln.Addr().String(), retryd.WithInsecure())
+	ctx := testContext(t)
+	if _, err := client.StepSucceeded(ctx, &retrydv1.StepSucceededRequest{SessionId: "cut", Turn: 1, Step: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p.armed.Store(true)
+	resp, err := client.FailedStep(ctx, failedStep("cut", 1, 2, backoffPolicy(10, 2)))
+	if err != nil {
+		t.Fatalf("FailedStep over a connection cut mid-call: %v; want gRPC to retry it", err)
+	}
+	if resp.GetDecision().GetSchedule() == nil || p.armed.Load() || p.accepted.Load() != 2 {
+		t.Errorf("decision %v, armed %v, %d connections; want a schedule after a cut and a second connection",
+			resp.GetDecision(), p.armed.Load(), p.accepted.Load())
 	}
 }

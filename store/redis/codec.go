@@ -15,6 +15,13 @@ import (
 // Snapshot codec. A session is stored as its engine snapshot
 // (retryd.state.v1.Session), an event as retryd.v1.Event.
 
+// damaged is the error of a session whose stored data does not decode: the
+// one failure that trying again cannot mend (see postpone).
+type damaged struct{ err error }
+
+func (d damaged) Error() string { return d.err.Error() }
+func (d damaged) Unwrap() error { return d.err }
+
 // decodeSession makes a loaded session of its snapshot (nil or empty: no
 // session) and awaiter entries; leases are compared with now (unix ms).
 func decodeSession(id string, b []byte, fields map[string]string, now int64) loaded {
@@ -25,12 +32,12 @@ func decodeSession(id string, b []byte, fields map[string]string, now int64) loa
 	}
 	snap := &statev1.Session{}
 	if err := proto.Unmarshal(b, snap); err != nil {
-		l.damaged = fmt.Errorf("redis store: session %q is damaged: %w", id, err)
+		l.damaged = damaged{fmt.Errorf("redis store: session %q is damaged: %w", id, err)}
 		return l
 	}
 	sess, err := engine.RestoreSession(snap)
 	if err != nil {
-		l.damaged = fmt.Errorf("redis store: %w", err)
+		l.damaged = damaged{fmt.Errorf("redis store: %w", err)}
 		return l
 	}
 	for _, r := range sess.Retries() {

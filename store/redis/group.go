@@ -163,13 +163,18 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 	defer cancel()
 	errs := make([]error, len(group))
 	for attempt := range maxAttempts {
-		err := s.apply(ctx, p, group, errs)
+		// Each attempt gets the fail-fast bound: a Redis that does not
+		// answer fails the group UNAVAILABLE within it, while a commit
+		// that lost a race to another replica may try again.
+		actx, cancelAttempt := s.bounded(ctx)
+		err := s.apply(actx, p, group, errs)
+		cancelAttempt()
 		switch {
 		case err == nil:
 			return errs
 		case !errors.Is(err, errConflict):
 			if !errors.Is(err, service.ErrUnavailable) {
-				err = unavailable("committing", err)
+				err = s.unavailableWithin(ctx, "committing", err)
 			}
 			for i := range errs {
 				errs[i] = err
@@ -204,15 +209,17 @@ type loaded struct {
 func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
 	gets := make([]*redis.StringCmd, len(ids))
 	aws := make([]*redis.MapStringStringCmd, len(ids))
-	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	_, err := s.rdb.Pipelined(bctx, func(pl redis.Pipeliner) error {
 		for i, id := range ids {
-			gets[i] = pl.Get(ctx, s.keys.sessionKey(id))
-			aws[i] = pl.HGetAll(ctx, s.keys.awaitersKey(id))
+			gets[i] = pl.Get(bctx, s.keys.sessionKey(id))
+			aws[i] = pl.HGetAll(bctx, s.keys.awaitersKey(id))
 		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		return nil, unavailable("reading sessions", err)
+		return nil, s.unavailableWithin(ctx, "reading sessions", err)
 	}
 	// Leases are wall-clock times of the replicas, not the decision clock.
 	now := time.Now().UnixMilli()
@@ -220,7 +227,7 @@ func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
 	for i, id := range ids {
 		b, err := gets[i].Bytes()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			return nil, unavailable("reading session", err)
+			return nil, s.unavailableWithin(ctx, "reading session", err)
 		}
 		out[i] = decodeSession(id, b, aws[i].Val(), now)
 	}

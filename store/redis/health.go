@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/service"
@@ -52,24 +53,44 @@ const appendFsyncParam = "appendfsync"
 // the partitioned key layout of N partitions (see layout.go).
 const partitionsParam = "partitions"
 
+// unavailableAfterParam is the URL query parameter
+// (unavailable_after=DURATION) that bounds how long a call waits for a
+// Redis that does not answer before it fails UNAVAILABLE.
+const unavailableAfterParam = "unavailable_after"
+
+// DefaultUnavailableAfter is the bound of unavailable_after when the URL
+// names none.
+const DefaultUnavailableAfter = time.Second
+
+// maxUnavailableAfter bounds unavailable_after: past it an agent's own
+// deadline, not retryd, decides.
+const maxUnavailableAfter = time.Minute
+
 // ownParams are retryd's own query parameters of a store URL.
 type ownParams struct {
 	fsyncAlways bool
 	// partitions is 0 when the URL names none.
 	partitions int
+	// unavailableAfter is the bound of unavailable_after (see failFast).
+	unavailableAfter time.Duration
+	// dialTimeout and poolTimeout say whether the URL set the Redis
+	// client's own dial_timeout and pool_timeout, which then stay as given.
+	dialTimeout, poolTimeout bool
 }
 
 // storeURL removes retryd's own query parameters from a store URL (the
 // Redis client refuses parameters it does not know) and returns what they
 // ask for.
 func storeURL(raw string) (redisURL string, own ownParams, err error) {
+	own.unavailableAfter = DefaultUnavailableAfter
 	u, err := url.Parse(raw)
 	if err != nil {
 		// The URL may carry a password: name the problem, not the URL.
 		return "", own, errors.New("redis store: the store URL is not a valid redis://host:port/db URL")
 	}
 	q := u.Query()
-	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) {
+	own.dialTimeout, own.poolTimeout = q.Has("dial_timeout"), q.Has("pool_timeout")
+	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) && !q.Has(unavailableAfterParam) {
 		return raw, own, nil
 	}
 	if q.Has(appendFsyncParam) {
@@ -87,6 +108,16 @@ func storeURL(raw string) (redisURL string, own ownParams, err error) {
 		}
 		own.partitions = n
 		q.Del(partitionsParam)
+	}
+	if q.Has(unavailableAfterParam) {
+		v := q.Get(unavailableAfterParam)
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > maxUnavailableAfter {
+			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: want a duration from 1ms to %v, e.g. 1s",
+				unavailableAfterParam, v, maxUnavailableAfter)
+		}
+		own.unavailableAfter = d
+		q.Del(unavailableAfterParam)
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), own, nil

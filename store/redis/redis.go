@@ -368,6 +368,29 @@ func unavailable(op string, err error) error {
 	return fmt.Errorf("redis store: %s: %w: %w", op, service.ErrUnavailable, err)
 }
 
+// bounded returns ctx limited to the store URL's unavailable_after: one
+// Redis round trip of a call waits no longer for a Redis that does not
+// answer (see failFast).
+func (s *Store) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.target.own.unavailableAfter)
+}
+
+// unavailableWithin is unavailable for an error of a round trip made under
+// bounded(ctx): the bound running out is Redis not answering in time
+// (ErrUnavailable), while ctx's own end stays the caller's.
+func (s *Store) unavailableWithin(ctx context.Context, op string, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Not wrapped: the caller's deadline did not pass, so the edge
+		// must not answer DEADLINE_EXCEEDED.
+		return fmt.Errorf("redis store: %s: no answer within %s=%v (%v): %w",
+			op, unavailableAfterParam, s.target.own.unavailableAfter, err, service.ErrUnavailable)
+	}
+	return unavailable(op, err)
+}
+
 // env is the engine's environment for a transaction of partition p: its
 // new retry ids name p.
 func (s *Store) env(p int) engine.Env {

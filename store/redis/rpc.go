@@ -55,12 +55,14 @@ func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, e
 	if !ok {
 		return "", notFound("no retry %s", retryID)
 	}
-	id, err := s.rdb.Get(ctx, s.keys.retryKey(p, retryID)).Result()
+	bctx, cancel := s.bounded(ctx)
+	defer cancel()
+	id, err := s.rdb.Get(bctx, s.keys.retryKey(p, retryID)).Result()
 	if errors.Is(err, redis.Nil) || err == nil && !service.InScope(scope, id) {
 		return "", notFound("no retry %s", retryID)
 	}
 	if err != nil {
-		return "", unavailable("reading the retry index", err)
+		return "", s.unavailableWithin(ctx, "reading the retry index", err)
 	}
 	return id, nil
 }

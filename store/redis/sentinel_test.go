@@ -48,6 +48,12 @@ func TestStoreURL(t *testing.T) {
 		{url: "redis://:pw@127.0.0.1:6379/0?colour=blue", bad: "colour"},
 		{url: "redis://:pw@s0:26379/0?master_name=m&appendfsync=sometimes", bad: "sometimes"},
 		{url: "http://:pw@127.0.0.1:6379/0", bad: "scheme"},
+		{url: "redis://127.0.0.1:6379/0?unavailable_after=250ms&dial_timeout=2s"},
+		{url: "redis://s0:26379/0?master_name=m&unavailable_after=2s"},
+		{url: "redis://n0:7000?addr=n1:7001&unavailable_after=1500ms"},
+		{url: "redis://127.0.0.1:6379/0?unavailable_after=0s", bad: "unavailable_after"},
+		{url: "redis://127.0.0.1:6379/0?unavailable_after=2m", bad: "unavailable_after"},
+		{url: "redis://:pw@127.0.0.1:6379/0?unavailable_after=soon", bad: "soon"},
 	} {
 		err := redis.CheckURL(tc.url)
 		switch {

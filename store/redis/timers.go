@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
 )
 
 // Timers. Pending retries' due and abandon times, and sessions' expiries,
@@ -165,12 +164,15 @@ func (s *Store) fireAll(ctx context.Context, due [][]string) {
 const damagedRetry = time.Minute
 
 // postpone handles a timer's failure: when the session's data is damaged
-// (anything but Redis being unavailable), trying again at the next poll
-// would only fail again, every 10 ms; the timer moves damagedRetry on
-// instead, with a warning, and the session's other calls keep failing as
-// they do until someone repairs or deletes its key.
+// (it does not decode), trying again at the next poll would only fail
+// again, every 10 ms; the timer moves damagedRetry on instead, with a
+// warning, and the session's other calls keep failing as they do until
+// someone repairs or deletes its key. Any other failure (Redis away, a
+// timeout, a lost race) leaves the timer where it is: the next poll tries
+// again, so a network blip delays a retry by the blip, not by a minute.
 func (s *Store) postpone(ctx context.Context, p int, member, sessionID string, err error) {
-	if err == nil || errors.Is(err, service.ErrUnavailable) || ctx.Err() != nil {
+	var d damaged
+	if !errors.As(err, &d) || ctx.Err() != nil {
 		return
 	}
 	at := s.cfg.Now().Add(damagedRetry)

@@ -203,9 +203,11 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 	switch {
 	case t.standalone != nil:
 		t.standalone.OnConnect = onConnect
+		t.failFast(&t.standalone.ContextTimeoutEnabled, &t.standalone.DialTimeout, &t.standalone.PoolTimeout)
 		return redis.NewClient(t.standalone)
 	case t.cluster != nil:
 		t.cluster.OnConnect = onConnect
+		t.failFast(&t.cluster.ContextTimeoutEnabled, &t.cluster.DialTimeout, &t.cluster.PoolTimeout)
 		if t.cluster.ClusterStateReloadInterval == 0 {
 			// go-redis rereads the slot map on MOVED, or after a minute:
 			// after a failover, the commands for the dead master's slots
@@ -215,7 +217,26 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 		return redis.NewClusterClient(t.cluster)
 	}
 	t.sentinel.OnConnect = onConnect
+	t.failFast(&t.sentinel.ContextTimeoutEnabled, &t.sentinel.DialTimeout, &t.sentinel.PoolTimeout)
 	return redis.NewFailoverClient(t.sentinel)
+}
+
+// failFast sets the client options that let a call end within
+// unavailable_after when Redis does not answer, whether it refuses
+// connections or a silent network drops every packet: socket reads and
+// writes honour the context's deadline (go-redis ignores it unless told,
+// and waits its own 3 s read timeout, again for each of its retries),
+// and a dial or a wait for a pooled connection gives up at the bound
+// unless the URL set dial_timeout or pool_timeout itself. The store then
+// gives every Redis round trip of a call a context of that bound.
+func (t *target) failFast(contextTimeout *bool, dial, pool *time.Duration) {
+	*contextTimeout = true
+	if !t.own.dialTimeout {
+		*dial = t.own.unavailableAfter
+	}
+	if !t.own.poolTimeout {
+		*pool = t.own.unavailableAfter
+	}
 }
 
 // explain adds to an error of Open's first command, for a Sentinel URL,

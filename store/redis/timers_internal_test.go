@@ -1,0 +1,60 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/redis/redistest"
+)
+
+// TestPostponeOnlyDamagedData: a timer whose handling failed because Redis
+// was away or slow (UNAVAILABLE, a deadline, a cancelled context) stays
+// due, so the next poll fires it; only a session whose data does not
+// decode moves its timer a minute on.
+func TestPostponeOnlyDamagedData(t *testing.T) {
+	t.Parallel()
+	url, prefix := redistest.Shared(t).URL(0), redistest.Prefix()
+	clock := newFakeClock()
+	s := openReplica(t, url, prefix, clock, &atomic.Int64{}, false)
+	ctx := context.Background()
+	pol := fixedPolicy(t, time.Second, 3)
+	tests := []struct {
+		name     string
+		err      error
+		deferred bool
+	}{
+		{"unavailable", fmt.Errorf("redis store: committing: %w", service.ErrUnavailable), false},
+		{"commit deadline", fmt.Errorf("committing: %w", context.DeadlineExceeded), false},
+		{"cancelled", context.Canceled, false},
+		{"a lost race", errors.New("redis store: 64 transactions lost to concurrent writers"), false},
+		{"damaged", damaged{errors.New("redis store: session \"x\" is damaged: proto: cannot parse")}, true},
+		{"damaged, wrapped", fmt.Errorf("firing: %w", damaged{errors.New("bad snapshot")}), true},
+	}
+	for i, tt := range tests {
+		session := fmt.Sprintf("timer-%d", i)
+		o, err := s.FailedStep(ctx, failureOf(pol, session, 1, 1))
+		if err != nil || o.Scheduled == nil {
+			t.Fatalf("%s: FailedStep: %v", tt.name, err)
+		}
+		member := o.Scheduled.ID + " " + session
+		key := s.keys.timersKey(s.keys.partition(session))
+		before, err := s.rdb.ZScore(ctx, key, member).Result()
+		if err != nil {
+			t.Fatalf("%s: the timer: %v", tt.name, err)
+		}
+		s.postpone(ctx, s.keys.partition(session), member, session, tt.err)
+		after, err := s.rdb.ZScore(ctx, key, member).Result()
+		if err != nil {
+			t.Fatalf("%s: the timer after postpone: %v", tt.name, err)
+		}
+		moved := time.Duration(after-before) * time.Millisecond
+		if deferred := moved >= damagedRetry-time.Second; deferred != tt.deferred {
+			t.Errorf("%s: the timer moved %v; want postponed %v", tt.name, moved, tt.deferred)
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 	retrydopenai "github.com/retryd/retryd/clients/go/openai"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -273,5 +275,59 @@ func TestRoundTripper(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"ok"`) || attempts() != 2 {
 		t.Errorf("status %d, body %s, %d attempts; want the second attempt's answer", resp.StatusCode, body, attempts())
+	}
+}
+
+// TestAttemptLinksBackoffSpan: with a tracer, the attempt after a retry
+// is a span linked to retryd's backoff span (the traceparent of the
+// scheduled record).
+func TestAttemptLinksBackoffSpan(t *testing.T) {
+	t.Parallel()
+	srv := retrydtest.StartWithEnv(t, []string{"OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=retryd"})
+	client, err := retryd.New(srv.Addr, retryd.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	spans := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)).Tracer("agent")
+	p := startProvider(t)
+	sdk := newSDK(p, retrydopenai.New(client, retrydopenai.WithPolicy(testPolicy()), retrydopenai.WithTracer(tracer)))
+	attempts := p.play(reply{status: 503, body: serverError}, reply{status: 200, body: completion("hi")})
+	if _, err := sdk.Chat.Completions.New(retrydopenai.ContextWithSession(t.Context(), "traced"), chatParams); err != nil {
+		t.Fatal(err)
+	}
+	if n := attempts(); n != 2 {
+		t.Fatalf("%d attempts, want 2", n)
+	}
+	events, err := retrydtest.Events(t.Context(), srv.Conn(t), "traced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backoff string
+	for _, ev := range events {
+		if s := ev.GetScheduled(); s != nil {
+			backoff = s.GetTraceparent()
+		}
+	}
+	if backoff == "" {
+		t.Fatal("retryd recorded no backoff traceparent: is tracing on?")
+	}
+	var attemptSpans []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() == "provider attempt" {
+			attemptSpans = append(attemptSpans, s)
+		}
+	}
+	if len(attemptSpans) != 2 {
+		t.Fatalf("%d provider attempt spans, want 2", len(attemptSpans))
+	}
+	if links := attemptSpans[0].Links(); len(links) != 0 {
+		t.Errorf("the first attempt has links %v, want none", links)
+	}
+	links := attemptSpans[1].Links()
+	if len(links) != 1 || !strings.Contains(backoff, links[0].SpanContext.SpanID().String()) ||
+		!strings.Contains(backoff, links[0].SpanContext.TraceID().String()) {
+		t.Errorf("the retry attempt's links %v; want one to the backoff span %s", links, backoff)
 	}
 }

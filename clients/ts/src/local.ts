@@ -24,10 +24,16 @@ import {
   RetryStartedSchema,
   type ChainClosed,
   type Event,
+  type RetryScheduled,
   type RetryStarted,
 } from "./gen/retryd/v1/events_pb.js";
 import { BackoffSchema, Mode, RetryPolicySchema, type RetryPolicy } from "./gen/retryd/v1/policy_pb.js";
-import { FailedStepResponseSchema, type FailedStepRequest, type FailedStepResponse } from "./gen/retryd/v1/retry_service_pb.js";
+import {
+  FailedStepResponseSchema,
+  type FailedStepRequest,
+  type FailedStepResponse,
+  type Schedule,
+} from "./gen/retryd/v1/retry_service_pb.js";
 import { badRequestDetail } from "./errors.js";
 import { decide, PolicyValidationError, providerRetryAfter, resolvePolicy, type Rand, type ResolvedPolicy } from "./policy.js";
 
@@ -233,49 +239,51 @@ export class LocalDecider {
     const dueAt = timestampFromMs(retry.dueMs);
     const maxRetries = policy.bounded ? policy.maxRetries : undefined;
     const detail = `${LOCAL_DETAIL_PREFIX}: no retryd replica answered`;
-    const event = create(EventSchema, {
+    // The messages are written out rather than made by create(): this is
+    // the hot path of degraded mode, and the compiler checks every field.
+    const scheduled: RetryScheduled = {
+      $typeName: "retryd.v1.RetryScheduled",
+      retryId: retry.id,
+      turn: req.turn,
+      step: req.step,
+      logicalTurnId: req.logicalTurnId,
+      provider: req.provider,
+      mode: policy.mode,
+      policyKey: policy.key,
+      failure,
+      retryNumber: d.retryNumber,
+      maxRetries,
+      delayMs: BigInt(d.delayMs),
+      delaySource: d.source,
+      dueAt,
+      policy: sharedPolicyProto(policy),
+      traceparent: "",
+      detail,
+    };
+    const event: Event = {
+      $typeName: "retryd.v1.Event",
+      sequence: 0n,
       sessionId: req.sessionId,
       time: timestampFromMs(now),
-      kind: {
-        case: "scheduled",
-        value: {
-          retryId: retry.id,
-          turn: req.turn,
-          step: req.step,
-          logicalTurnId: req.logicalTurnId,
-          provider: req.provider,
-          mode: policy.mode,
-          policyKey: policy.key,
-          failure,
-          retryNumber: d.retryNumber,
-          ...(maxRetries !== undefined ? { maxRetries } : {}),
-          delayMs: BigInt(d.delayMs),
-          delaySource: d.source,
-          dueAt,
-          policy: policyProto(policy),
-          detail,
-        },
-      },
-    });
-    return create(FailedStepResponseSchema, {
-      decision: {
-        outcome: {
-          case: "schedule",
-          value: {
-            retryId: retry.id,
-            retryNumber: d.retryNumber,
-            ...(maxRetries !== undefined ? { maxRetries } : {}),
-            delayMs: BigInt(d.delayMs),
-            delaySource: d.source,
-            dueAt,
-            policyKey: policy.key,
-            mode: policy.mode,
-            detail,
-          },
-        },
-      },
+      kind: { case: "scheduled", value: scheduled },
+    };
+    const schedule: Schedule = {
+      $typeName: "retryd.v1.Schedule",
+      retryId: retry.id,
+      retryNumber: d.retryNumber,
+      maxRetries,
+      delayMs: scheduled.delayMs,
+      delaySource: d.source,
+      dueAt,
+      policyKey: policy.key,
+      mode: policy.mode,
+      detail,
+    };
+    return {
+      $typeName: "retryd.v1.FailedStepResponse",
+      decision: { $typeName: "retryd.v1.Decision", outcome: { case: "schedule", value: schedule } },
       event,
-    });
+    };
   }
 
   /**
@@ -469,12 +477,28 @@ function chainKey(session: string, provider: string, policyKey: string): string 
 // server's policy cache: once full, new policies are resolved each time).
 function resolveCached(p: RetryPolicy | undefined): ResolvedPolicy {
   if (p === undefined) return resolvePolicy(undefined);
-  const key = JSON.stringify(p, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v));
+  const key = policyCacheKey(p);
   const hit = resolved.get(key);
   if (hit !== undefined) return hit;
   const out = resolvePolicy(p);
   if (resolved.size < 1024) resolved.set(key, out);
   return out;
+}
+
+// policyCacheKey names every field of p that resolving reads, so two
+// policies with one key resolve alike (the server caches by encoding).
+function policyCacheKey(p: RetryPolicy): string {
+  const b = p.backoff;
+  return [
+    p.mode,
+    p.maxRetries ?? "-",
+    p.retryableCodes.join("\u0000"),
+    b === undefined ? "-" : [b.initialDelayMs ?? "-", b.maxDelayMs ?? "-", b.multiplier ?? "-", b.jitterRatio ?? "-", b.jitter].join(","),
+    p.schedule.join(","),
+    p.tailDelayMs ?? "-",
+    p.retryAfterOverCap,
+    p.minAttemptMs ?? "-",
+  ].join("\u0001");
 }
 
 function delegated(
@@ -508,6 +532,20 @@ function delegated(
     decision: { outcome: { case: "delegate", value: { reason, detail: localDetail } } },
     event,
   });
+}
+
+const shared = new WeakMap<ResolvedPolicy, RetryPolicy>();
+
+// sharedPolicyProto is policyProto(p) made once per resolved policy and
+// shared by its scheduled records (as the server's SharedProto): callers
+// must not modify it.
+function sharedPolicyProto(p: ResolvedPolicy): RetryPolicy {
+  let out = shared.get(p);
+  if (out === undefined) {
+    out = policyProto(p);
+    shared.set(p, out);
+  }
+  return out;
 }
 
 /** The resolved policy with every field explicit, as the server records it in scheduled events. */

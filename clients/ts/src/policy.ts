@@ -277,15 +277,19 @@ function resolveSchedule(vs: Violations, p: RetryPolicy | undefined, out: Mutabl
  */
 export function validateCode(code: string): string {
   if (code === "") return "must not be empty";
-  if (Buffer.byteLength(code, "utf8") > MAX_CODE_LEN) return `must be at most ${MAX_CODE_LEN} bytes`;
+  if (code.length > MAX_CODE_LEN || (/[^\x00-\x7f]/.test(code) && Buffer.byteLength(code, "utf8") > MAX_CODE_LEN)) {
+    return `must be at most ${MAX_CODE_LEN} bytes`;
+  }
   if (!/^[A-Z][A-Z0-9_]*$/.test(code)) {
     return `must be an upper-snake identifier such as RATE_LIMIT, got ${JSON.stringify(code)}`;
   }
   return "";
 }
 
-// byteOrder sorts as Go's slices.Sorted does on strings: by UTF-8 bytes.
+// byteOrder sorts as Go's slices.Sorted does on strings: by UTF-8 bytes
+// (for ASCII, which every valid code is, the same as UTF-16 order).
 function byteOrder(a: string, b: string): number {
+  if (/^[\x00-\x7f]*$/.test(a) && /^[\x00-\x7f]*$/.test(b)) return a < b ? -1 : a > b ? 1 : 0;
   return Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
 }
 

@@ -81,7 +81,7 @@ test("agents through the middleware keep working across a SIGKILL and restart of
     t.diagnostic(
       `${AGENTS} agents x ${CALLS} calls: ${fake.received.length} provider attempts, ${failedCalls} failed calls; ` +
         `retryd down ${restartedAt - killedAt} ms; decisions: ${stats.serverDecisions} server (${afterRestart.length} after the restart), ` +
-        `${stats.localDecisions} local (${atKill.localDecisions} by the restart), ${stats.localStarts} local starts, ` +
+        `${stats.localDecisions} local (${atKill.localDecisions} in the first 1.5 s down), ${stats.localStarts} local starts, ` +
         `${stats.pendingResolved} RETRY_PENDING resolved, ${stats.localSuccesses} local successes; largest local retry number ${maxLocalRetry}`,
     );
     const down = spans.filter((s) => s.startTime[0] * 1000 >= killedAt && s.startTime[0] * 1000 < restartedAt);

@@ -7,15 +7,16 @@
 
 import assert from "node:assert/strict";
 import { mkdtempSync, rmSync } from "node:fs";
+import { createServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as delay } from "node:timers/promises";
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
-import { DelaySource, DelegateReason, Downstream } from "../src/gen/retryd/v1/events_pb.js";
+import { CancelReason, DelaySource, DelegateReason, Downstream } from "../src/gen/retryd/v1/events_pb.js";
 import { Mode } from "../src/gen/retryd/v1/policy_pb.js";
 import { RetryStatus } from "../src/gen/retryd/v1/retry_service_pb.js";
-import { RetrydClient, RetrydUnreachableError, type FailedStepInit, type Outcome } from "../src/client.js";
+import { RecoverAbortedError, RetrydClient, RetrydUnreachableError, type FailedStepInit, type Outcome } from "../src/client.js";
 import { isLocal, LOCAL_DETAIL_PREFIX, type RetryPolicyInit } from "../src/local.js";
 import { startRetryd, type RetrydServer } from "./server.js";
 
@@ -162,5 +163,27 @@ test("degraded mode across a SIGKILL and a restart of retryd", { timeout: 180_00
     failClosed.close();
     await server.stop();
     rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("an abort while a local retry backs off rejects with a local cancel", async () => {
+  // A loopback port with nothing behind it: connection refused.
+  const probe = createServer();
+  await new Promise<void>((resolve) => probe.listen(0, "127.0.0.1", resolve));
+  const port = (probe.address() as AddressInfo).port;
+  await new Promise<void>((resolve) => probe.close(() => resolve()));
+  const client = new RetrydClient(`127.0.0.1:${port}`, { insecure: true, retry: false });
+  try {
+    const err = await client.recover(report("deg-abort", 1, 1, 10_000), { signal: AbortSignal.timeout(300) }).then(
+      () => assert.fail("recover did not reject"),
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof RecoverAbortedError, String(err));
+    assert.ok(isLocal(err.schedule.retryId) && isLocal(err.event));
+    assert.equal(err.cancelled?.reason, CancelReason.REQUESTED);
+    assert.equal(err.cancelled?.retryId, err.schedule.retryId);
+    assert.equal(client.stats().localDecisions, 1);
+  } finally {
+    client.close();
   }
 });

@@ -9,10 +9,10 @@ import { after, before, test } from "node:test";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { generateText, streamText, wrapLanguageModel } from "ai";
 import OpenAI from "openai";
-import { DelaySource, DelegateReason, type Event } from "../src/gen/retryd/v1/events_pb.js";
+import { DelaySource, DelegateReason, type Event, type RetryStarted } from "../src/gen/retryd/v1/events_pb.js";
 import { RetrydClient } from "../src/client.js";
 import { retrydMiddleware } from "../src/ai-sdk.js";
-import { delegatedInfo, type MiddlewareOptions } from "../src/middleware.js";
+import { backoffLink, delegatedInfo, type MiddlewareOptions } from "../src/middleware.js";
 import { withRetryd } from "../src/openai.js";
 import { FakeProvider, SCRIPTS } from "./fakeprovider.js";
 import { startRetryd, type RetrydServer } from "./server.js";
@@ -183,6 +183,44 @@ test("openai SDK: its retries off, retryd decides; quota and a broken stream are
     "SERVER → retry 1 after 50 ms (BACKOFF)",
     "SERVER → delegate REPLAY_UNSAFE",
   ]);
+});
+
+test("the position hook numbers the attempts as the harness does", async () => {
+  const provider = createOpenAICompatible({ name: "fake", baseURL, apiKey: "test" });
+  const seen: string[] = [];
+  const model = wrapLanguageModel({
+    model: provider.chatModel("fake-model"),
+    middleware: retrydMiddleware({
+      client,
+      provider: "openai",
+      policy,
+      position: ({ call, attempt }) => {
+        seen.push(`${call}.${attempt}`);
+        return { sessionId: "ts-mw-hook", turn: 7n, step: BigInt(100 + attempt), logicalTurnId: "lt-7" };
+      },
+    }),
+  });
+  fake.script(SCRIPTS.unavailable, { kind: "complete", text: "ok" });
+  assert.equal((await generateText({ model, prompt: "hi", maxRetries: 0 })).text, "ok");
+  assert.deepEqual(seen, ["1.1", "1.2"]);
+  const events: Event[] = [];
+  for await (const ev of client.watchEvents({ sessionId: "ts-mw-hook", stopAtEnd: true })) events.push(ev);
+  const scheduled = events.find((e) => e.kind.case === "scheduled");
+  assert.ok(scheduled?.kind.case === "scheduled");
+  assert.deepEqual([scheduled.kind.value.turn, scheduled.kind.value.step, scheduled.kind.value.logicalTurnId], [7n, 101n, "lt-7"]);
+});
+
+test("backoffLink links an attempt to retryd's backoff span", () => {
+  const started = { traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01" } as RetryStarted;
+  assert.deepEqual(backoffLink(started), [
+    {
+      context: { traceId: "0af7651916cd43dd8448eb211c80319c", spanId: "b7ad6b7169203331", traceFlags: 1, isRemote: true },
+      attributes: { "retryd.link": "backoff" },
+    },
+  ]);
+  assert.deepEqual(backoffLink({ traceparent: "" } as RetryStarted), []);
+  assert.deepEqual(backoffLink({ traceparent: "00-00000000000000000000000000000000-b7ad6b7169203331-01" } as RetryStarted), []);
+  assert.deepEqual(backoffLink(undefined), []);
 });
 
 test("retryd verify: the server's log of the middleware runs is clean", async (t) => {

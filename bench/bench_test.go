@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/retryd/retryd/internal/retrydtest"
 )
 
 // TestSmoke runs the whole harness for about a second with tiny settings
@@ -179,12 +181,12 @@ func moduleRoot(t *testing.T) string {
 	return filepath.Dir(strings.TrimSpace(string(out)))
 }
 
-// needPrograms skips the test unless every program is installed.
+// needPrograms skips the test unless every program is installed, or fails
+// it with RETRYD_REQUIRE_TOOLS=1 (retrydtest.NeedProgram). Each of them
+// comes with Debian's redis-tools or redis-server.
 func needPrograms(t *testing.T, programs ...string) {
 	t.Helper()
 	for _, p := range programs {
-		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("%s is not installed", p)
-		}
+		retrydtest.NeedProgram(t, p, "apt-get install -y redis-server redis-tools")
 	}
 }

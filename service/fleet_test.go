@@ -159,13 +159,13 @@ func waitFor(t *testing.T, cond func() bool) {
 // fleet protection works: there is one fleet state per provider).
 func TestFleetSharedAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	for name, url := range map[string]func() string{
-		"redis":         func() string { return redistest.Shared(t).URL(0) },
-		"redis-cluster": func() string { return redistest.SharedCluster(t).URL() + "&partitions=1" },
+	for name, url := range map[string]func(t *testing.T) string{
+		"redis":         func(t *testing.T) string { return redistest.Shared(t).URL(0) },
+		"redis-cluster": func(t *testing.T) string { return redistest.SharedCluster(t).URL() + "&partitions=1" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testFleetShared(t, url())
+			testFleetShared(t, url(t)) // the subtest's t: a skip ends its own goroutine
 		})
 	}
 }

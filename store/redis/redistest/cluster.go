@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/internal/retrydtest"
 )
 
 // Cluster is a Redis Cluster of redis-server processes on loopback,
@@ -70,7 +71,7 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 // cleanup, and returns once every node reports cluster_state:ok.
 func StartCluster(t testing.TB, opts ClusterOptions) *Cluster {
 	t.Helper()
-	Skip(t)
+	skipCluster(t)
 	c, err := startCluster(t.TempDir(), opts)
 	if c != nil {
 		t.Cleanup(c.stop)
@@ -92,7 +93,7 @@ var (
 // Give each test its own key prefix (Prefix).
 func SharedCluster(t testing.TB) *Cluster {
 	t.Helper()
-	Skip(t)
+	skipCluster(t)
 	sharedClusterOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "retryd-redistest-cluster-")
 		if err != nil {
@@ -105,6 +106,14 @@ func SharedCluster(t testing.TB) *Cluster {
 		t.Fatal(sharedClusterErr)
 	}
 	return sharedCluster
+}
+
+// skipCluster skips the test without redis-server or redis-cli (which
+// creates the Cluster).
+func skipCluster(t testing.TB) {
+	t.Helper()
+	Skip(t)
+	retrydtest.NeedProgram(t, "redis-cli", "apt-get install -y redis-tools")
 }
 
 func (c *Cluster) stop() {

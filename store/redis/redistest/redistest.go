@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/retryd/retryd/internal/retrydtest"
 )
 
 // Server is a running redis-server.
@@ -151,18 +153,13 @@ func StartWith(t testing.TB, opts Options) *Server {
 	return s
 }
 
-// Installed reports whether redis-server is on PATH.
-func Installed() bool {
-	_, err := exec.LookPath("redis-server")
-	return err == nil
-}
-
-// Skip skips the test when redis-server is not installed.
+// Skip skips the test when redis-server is not installed, or fails it
+// when RETRYD_REQUIRE_TOOLS=1 (retrydtest.NeedProgram). Every helper here
+// calls it first: give them the test's own t, never a parent's from inside
+// a subtest.
 func Skip(t testing.TB) {
 	t.Helper()
-	if !Installed() {
-		t.Skip("redis-server is not installed (apt-get install -y redis-server); skipping the Redis store tests")
-	}
+	retrydtest.NeedProgram(t, "redis-server", "apt-get install -y redis-server")
 }
 
 // Start starts a redis-server of the test's own, stopped at cleanup.

@@ -5,14 +5,16 @@
 //	retryd check-credentials --auth-credentials F
 //	                                  validate a credentials file
 //	retryd hash-token < TOKEN         print the SHA-256 of a bearer token
-//	retryd verify (--file F | --server ADDR) [--session S]
+//	retryd verify (--file F | --server ADDR) [--session S] [TLS and token flags]
 //	                                  run the invariant checker over an event log
-//	retryd version                    print the version
+//	retryd version, retryd --version  print the version
+//	retryd help [command], -h, --help list the commands, or one command's flags
+//
+// A bad command line exits with status 2 and one line naming the problem.
 package main
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -24,8 +26,6 @@ func main() {
 		<-ctx.Done()
 		stop() // a second signal kills the process at once
 	}()
-	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "retryd:", err)
-		os.Exit(1)
-	}
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	os.Exit(exitCode(os.Stderr, err))
 }

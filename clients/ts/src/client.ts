@@ -701,7 +701,7 @@ export class RetrydClient {
       });
       throw new RecoverAbortedError(cause, { schedule, event, cancelled });
     }
-    const started = decider.start(schedule.retryId);
+    const started = decider.start(schedule.retryId, true);
     if (started === undefined) {
       throw new Error(`retryd: local retry ${schedule.retryId} did not start`);
     }

@@ -289,12 +289,14 @@ export class LocalDecider {
   /**
    * Starts a local retry once its due time has passed: returns its
    * RetryStarted (once; again the same for a started retry), or undefined
-   * for an unknown or cancelled retry, or one not yet due.
+   * for an unknown or cancelled retry, or one not yet due. `waited` says
+   * the caller has waited the delay on a timer, which may fire a
+   * millisecond before the clock reaches the due time.
    */
-  start(retryId: string): RetryStarted | undefined {
+  start(retryId: string, waited = false): RetryStarted | undefined {
     const r = this.#retries.get(retryId);
     const now = this.#opts.now();
-    if (r === undefined || r.status === "cancelled" || now < r.dueMs) {
+    if (r === undefined || r.status === "cancelled" || (!waited && now < r.dueMs)) {
       return undefined;
     }
     r.status = "started";

@@ -345,6 +345,11 @@ test("the local cap bounds unlimited modes and the chains are bounded in number"
   // The exhausted chain closed: the next failure starts at retry 1 again.
   const again = d.failedStep(req("s", 4)).decision?.outcome;
   assert.ok(again?.case === "schedule" && again.value.retryNumber === 1);
+  // A timer may fire a millisecond before the clock reaches the due time:
+  // start refuses a retry not yet due unless the caller has waited on a timer.
+  assert.ok(again?.case === "schedule");
+  assert.equal(d.start(again.value.retryId), undefined);
+  assert.equal(d.start(again.value.retryId, true)?.retryId, again.value.retryId);
   // The same report again gets the same answer, as from the server's step records.
   const repeated = d.failedStep(req("s", 4)).decision?.outcome;
   assert.ok(repeated?.case === "schedule" && repeated.value.retryId === again.value.retryId);

@@ -3,7 +3,7 @@
 // loop's one call for a failed model request.
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { timestampFromMs, timestampMs } from "@bufbuild/protobuf/wkt";
+import { timestampFromMs, timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import type { CallOptions, Client, Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
@@ -26,7 +26,7 @@ import {
   type FailedStepRequest,
 } from "./gen/retryd/v1/retry_service_pb.js";
 import { retryPendingId } from "./errors.js";
-import { LocalDecider, type LocalOptions } from "./local.js";
+import { isLocal, LocalDecider, type LocalOptions } from "./local.js";
 import { bearerTokenInterceptor, isTLS } from "./token.js";
 import { baseUrlOf, retryInterceptor, type RetryOptions } from "./transport.js";
 import type {
@@ -568,7 +568,7 @@ export class RetrydClient {
           return out;
         } catch (err) {
           if (err instanceof RecoverAbortedError) {
-            span.setAttribute("retryd.decision.local", isLocalId(err.schedule.retryId));
+            span.setAttribute("retryd.decision.local", isLocal(err.schedule.retryId));
           }
           span.recordException(err instanceof Error ? err : String(err));
           span.setStatus({ code: SpanStatusCode.ERROR, message: err instanceof Error ? err.message : String(err) });
@@ -768,12 +768,8 @@ function unreachable(err: unknown, signal: AbortSignal | undefined): boolean {
   }
 }
 
-function isLocalId(id: string): boolean {
-  return id.startsWith("local-");
-}
-
-function msOf(ts: { seconds: bigint; nanos: number } | undefined): number {
-  return ts === undefined ? Date.now() : timestampMs(ts as Parameters<typeof timestampMs>[0]);
+function msOf(ts: Timestamp | undefined): number {
+  return ts === undefined ? Date.now() : timestampMs(ts);
 }
 
 function positive(v: number | undefined, fallback: number): number {

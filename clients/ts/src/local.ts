@@ -11,7 +11,7 @@
 // or delegation starts with "decided locally".
 
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import { timestampFromMs, timestampMs, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { timestampFromMs, timestampMs } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { randomUUID } from "node:crypto";
 import {
@@ -366,26 +366,6 @@ export class LocalDecider {
     return this.#closeSession(session, CloseReason.SUCCEEDED);
   }
 
-  /** Forgets the session's local chains, retries and last report. */
-  forget(session: string): void {
-    this.#records.delete(session);
-    for (const [k, c] of this.#chains) {
-      if (c.session === session) this.#chains.delete(k);
-    }
-    for (const [k, r] of this.#retries) {
-      if (r.session === session) this.#retries.delete(k);
-    }
-  }
-
-  /** The retries the session's open local chains have taken. */
-  openRetries(session: string): number {
-    let n = 0;
-    for (const c of this.#chains.values()) {
-      if (c.session === session && c.open) n += c.retries;
-    }
-    return n;
-  }
-
   #closeSession(session: string, reason: CloseReason): ChainClosed[] {
     const out: ChainClosed[] = [];
     const chains = [...this.#chains.values()].filter((c) => c.session === session && c.open);
@@ -581,9 +561,4 @@ function invalidArgument(violations: { field: string; description: string }[]): 
   );
   err.details.push(badRequestDetail(violations));
   return err;
-}
-
-/** The time of a Timestamp in ms, for callers that hold one. */
-export function msOf(ts: Timestamp | undefined): number {
-  return ts === undefined ? 0 : timestampMs(ts);
 }

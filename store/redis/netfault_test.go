@@ -1,0 +1,220 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/retrydtest"
+	"github.com/retryd/retryd/store/redis/redistest"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// netBound is the store URL's unavailable_after in the network fault
+// tests, and slack what a call may take beyond it (a retried commit, the
+// race detector, two shared cores).
+const (
+	netBound = 500 * time.Millisecond
+	netSlack = 700 * time.Millisecond
+)
+
+// startOverPath runs the retryd binary over path i of srv, with a health
+// port.
+func startOverPath(t *testing.T, srv *redistest.NetServer, i int) *retrydtest.Server {
+	t.Helper()
+	return retrydtest.Start(t, "--store", srv.URL(i, 0)+"?unavailable_after="+netBound.String(),
+		"--health-listen", "127.0.0.1:0")
+}
+
+// netCall is one FailedStep of a netLoad.
+type netCall struct {
+	session    string
+	code       codes.Code
+	start, end time.Time
+}
+
+// netLoad runs FailedStep calls of new sessions on c from workers
+// goroutines until stop, each with an agent's deadline of a few seconds.
+type netLoad struct {
+	mu    sync.Mutex
+	calls []netCall
+	stop  func()
+}
+
+func startNetLoad(c retrydv1.RetryServiceClient, workers int) *netLoad {
+	l := &netLoad{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				session := fmt.Sprintf("net-w%d-%d", w, i)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				start := time.Now()
+				_, err := c.FailedStep(ctx, &retrydv1.FailedStepRequest{SessionId: session, Turn: 1, Step: 1,
+					Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}})
+				end := time.Now()
+				cancel()
+				l.mu.Lock()
+				l.calls = append(l.calls, netCall{session, status.Code(err), start, end})
+				l.mu.Unlock()
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	l.stop = func() { close(done); wg.Wait() }
+	return l
+}
+
+// healthLog polls a replica's gRPC health every 20 ms until stop and
+// records when its status changed.
+type healthLog struct {
+	mu      sync.Mutex
+	changes []healthChange
+	stop    func()
+}
+
+type healthChange struct {
+	at     time.Time
+	status healthpb.HealthCheckResponse_ServingStatus
+}
+
+func watchHealth(t *testing.T, s *retrydtest.Server) *healthLog {
+	h := &healthLog{}
+	hc := healthpb.NewHealthClient(s.HealthConn(t))
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		last := healthpb.HealthCheckResponse_UNKNOWN
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "retryd.v1.RetryService"})
+			cancel()
+			if err == nil && resp.GetStatus() != last {
+				last = resp.GetStatus()
+				h.mu.Lock()
+				h.changes = append(h.changes, healthChange{time.Now(), last})
+				h.mu.Unlock()
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	h.stop = func() { close(done); wg.Wait() }
+	return h
+}
+
+// first returns when the status first became want at or after from, and
+// whether it did.
+func (h *healthLog) first(want healthpb.HealthCheckResponse_ServingStatus, from time.Time) (time.Time, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.changes {
+		if c.status == want && !c.at.Before(from) {
+			return c.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// TestBlackholedReplica: one replica's path to Redis drops every packet
+// silently (no reset, no ICMP error) for 4 s, under a small load on that
+// replica. Every call made during the cut fails UNAVAILABLE within about
+// unavailable_after instead of being held until the path heals; gRPC
+// health reports NOT_SERVING within about the bound and SERVING again
+// soon after the heal; every call acknowledged is in Redis (read through
+// the other replica, whose path stayed up), and the invariant checker
+// passes.
+func TestBlackholedReplica(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: cuts a path to Redis for seconds")
+	}
+	srv := redistest.StartInNamespace(t, 2)
+	cut, healthy := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	health := watchHealth(t, cut)
+	l := startNetLoad(retrydv1.NewRetryServiceClient(cut.Conn(t)), 4)
+
+	time.Sleep(1500 * time.Millisecond)
+	srv.Cut(t, 0)
+	cutAt := time.Now()
+	time.Sleep(4 * time.Second)
+	srv.Heal(t, 0)
+	healedAt := time.Now()
+	time.Sleep(3 * time.Second)
+	l.stop()
+	health.stop()
+
+	var during []time.Duration
+	var acked []string
+	held := 0
+	for _, c := range l.calls {
+		took := c.end.Sub(c.start)
+		switch {
+		case c.start.After(cutAt) && c.start.Add(netBound+netSlack).Before(healedAt):
+			// Made during the cut, with time to fail before the heal.
+			during = append(during, took)
+			if c.code != codes.Unavailable || took > netBound+netSlack {
+				held++
+				t.Errorf("%s during the cut: %v after %v, want UNAVAILABLE within %v", c.session, c.code, took, netBound+netSlack)
+			}
+		case c.code == codes.OK:
+			acked = append(acked, c.session)
+		}
+	}
+	slices.Sort(during)
+	t.Logf("%d calls during the cut: UNAVAILABLE latency %s; %d acknowledged in all", len(during), quantiles(during), len(acked))
+	if len(during) == 0 {
+		t.Fatal("no call made during the cut was answered before the heal: calls are held")
+	}
+
+	notServing, ok := health.first(healthpb.HealthCheckResponse_NOT_SERVING, cutAt)
+	if !ok || notServing.After(healedAt) {
+		t.Errorf("health never reported NOT_SERVING during the cut (changes %v)", health.changes)
+	} else {
+		t.Logf("NOT_SERVING %v after the cut", notServing.Sub(cutAt).Round(time.Millisecond))
+		// The server probes about once a second, each probe bounded.
+		if d := notServing.Sub(cutAt); d > time.Second+netBound+netSlack {
+			t.Errorf("NOT_SERVING %v after the cut, want within %v", d, time.Second+netBound+netSlack)
+		}
+	}
+	serving, ok := health.first(healthpb.HealthCheckResponse_SERVING, healedAt)
+	if !ok {
+		t.Errorf("health did not report SERVING within 3 s of the heal (changes %v)", health.changes)
+	} else {
+		t.Logf("SERVING %v after the heal", serving.Sub(healedAt).Round(time.Millisecond))
+	}
+
+	hc := retrydv1.NewRetryServiceClient(healthy.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, session := range acked {
+		resp, err := hc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
+		if err != nil || len(resp.GetChains()) == 0 {
+			t.Errorf("acknowledged session %s read through the other replica: %v %v", session, resp, err)
+		}
+	}
+	retrydtest.Verify(t, healthy.Conn(t))
+}
+
+// quantiles names the median, p90 and maximum of sorted durations.
+func quantiles(d []time.Duration) string {
+	if len(d) == 0 {
+		return "none"
+	}
+	at := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))].Round(time.Millisecond) }
+	return fmt.Sprintf("min %v, p50 %v, p90 %v, max %v", d[0].Round(time.Millisecond), at(0.5), at(0.9), d[len(d)-1].Round(time.Millisecond))
+}

@@ -25,15 +25,12 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// lookPath finds a Debian-packaged tool of these tests, or skips the test
-// with a one-line reason.
+// lookPath finds a tool of Debian's prometheus package, or skips the test
+// with a one-line reason (fails it where RETRYD_REQUIRE_TOOLS=1 says every
+// tool is installed).
 func lookPath(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed (apt-get install -y prometheus); skipping the dashboard and alert tests", name)
-	}
-	return path
+	return retrydtest.NeedProgram(t, name, "apt-get install -y prometheus")
 }
 
 // TestRulesUnderPromtool checks the rule file and runs its unit tests,

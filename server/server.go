@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/retryd/retryd"
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
@@ -30,8 +31,8 @@ import (
 )
 
 // Version is the server's version, reported in traces and by `retryd
-// version`; set at build time with -ldflags "-X ….server.Version=…".
-var Version = "0.1.0-dev"
+// version`: the repository's VERSION file (package retryd).
+var Version = retryd.Version
 
 // NewLogger builds the logger the configuration asks for.
 func NewLogger(c Config, w io.Writer) *slog.Logger {

@@ -217,6 +217,7 @@ func TestRetrydImage(t *testing.T) {
 		"-binary", retrydBin, "-healthcheck", healthBin, "-out", out,
 		"-tag", "ghcr.io/retryd/retryd:0.1.0", "-revision", "0123abc",
 	}
+	version := repoVersion(t)
 	if err := run(args, func(string) string { return "" }, &stdout, &stderr); err != nil {
 		t.Fatalf("run %q: %v\n%s", args, err, stderr.String())
 	}
@@ -226,7 +227,15 @@ func TestRetrydImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	img, desc := readLayout(t, out)
-	headers, _ := checkImage(t, img, retryd)
+	headers, contents := checkImage(t, img, retryd)
+	// The binary in the image reports the VERSION file's version.
+	inImage := filepath.Join(t.TempDir(), "retryd-from-image")
+	if err := os.WriteFile(inImage, contents["usr/local/bin/retryd"], 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := runVersion(t, inImage); got != "retryd "+version {
+		t.Errorf("the image's retryd version printed %q, want %q (the VERSION file)", got, "retryd "+version)
+	}
 	if _, ok := headers["usr/local/bin/retryd-healthcheck"]; !ok {
 		t.Errorf("layer has no usr/local/bin/retryd-healthcheck (the helm test's client)")
 	}
@@ -249,8 +258,8 @@ func TestRetrydImage(t *testing.T) {
 	if got := cf.Config.Labels["org.opencontainers.image.revision"]; got != "0123abc" {
 		t.Errorf("revision label = %q, want 0123abc", got)
 	}
-	if got := cf.Config.Labels["org.opencontainers.image.version"]; got != "0.1.0" {
-		t.Errorf("version label = %q, want 0.1.0 (the tag)", got)
+	if got := cf.Config.Labels["org.opencontainers.image.version"]; got != version {
+		t.Errorf("version label = %q, want %q (the VERSION file)", got, version)
 	}
 }
 
@@ -352,4 +361,97 @@ func TestBuildWithoutRetryd(t *testing.T) {
 			t.Errorf("a refused -out lost its files: %v", err)
 		}
 	})
+}
+
+// repoVersion is the VERSION file at the repository root.
+func repoVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(data))
+}
+
+// runVersion runs `bin version` and returns its output's one line.
+func runVersion(t *testing.T, bin string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "version").Output()
+	if err != nil {
+		t.Fatalf("%s version: %v", bin, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestDockerfileVersion runs the Dockerfile's build of retryd as BuildKit
+// would (its RUN line, with the build stage's arguments), with no engine,
+// and checks that the binary reports the VERSION file's version; and that
+// the stage refuses a VERSION argument naming another.
+func TestDockerfileVersion(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "deploy", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Instructions, with continuation lines joined and comments dropped.
+	var runs []string
+	var cur strings.Builder
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "#") {
+			continue
+		}
+		if body, ok := strings.CutSuffix(line, "\\"); ok {
+			cur.WriteString(body)
+			continue
+		}
+		cur.WriteString(line)
+		if instr := strings.TrimSpace(cur.String()); strings.HasPrefix(instr, "RUN ") {
+			runs = append(runs, strings.TrimPrefix(instr, "RUN "))
+		}
+		cur.Reset()
+	}
+	var check, build string
+	for _, r := range runs {
+		switch {
+		case strings.Contains(r, "./cmd/retryd"):
+			build = r
+		case strings.Contains(r, "cat VERSION"):
+			check = r
+		}
+	}
+	if build == "" || check == "" {
+		t.Fatalf("the Dockerfile has no RUN building ./cmd/retryd, or none checking VERSION; RUN lines:\n%s", strings.Join(runs, "\n"))
+	}
+	// BuildKit's cache mounts are options of RUN, not shell words.
+	for strings.HasPrefix(build, "--mount=") {
+		_, build, _ = strings.Cut(build, " ")
+		build = strings.TrimSpace(build)
+	}
+	out := t.TempDir()
+	build = strings.ReplaceAll(build, "/out/", out+"/")
+	sh := func(script string, env ...string) ([]byte, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "sh", "-c", script)
+		cmd.WaitDelay = 10 * time.Second // the go command under a killed sh must not hold the output open
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), env...)
+		return cmd.CombinedOutput()
+	}
+	version := repoVersion(t)
+	if outp, err := sh(check, "VERSION="+version); err != nil {
+		t.Errorf("the VERSION check refuses the VERSION file's own version: %v\n%s", err, outp)
+	}
+	if outp, err := sh(check, "VERSION=9.9.9"); err == nil || !strings.Contains(string(outp), "9.9.9") {
+		t.Errorf("the VERSION check accepted --build-arg VERSION=9.9.9: %v\n%s", err, outp)
+	}
+	if outp, err := sh(build, "TARGETOS=linux", "TARGETARCH="+runtime.GOARCH, "VERSION="+version); err != nil {
+		t.Fatalf("the Dockerfile's build: %v\n%s", err, outp)
+	}
+	if got := runVersion(t, filepath.Join(out, "retryd")); got != "retryd "+version {
+		t.Errorf("the Dockerfile's retryd version printed %q, want %q (the VERSION file)", got, "retryd "+version)
+	}
 }

@@ -12,8 +12,12 @@
 //	CGO_ENABLED=0 go build -trimpath -o bin/retryd ./cmd/retryd
 //	CGO_ENABLED=0 go build -trimpath -o bin/retryd-healthcheck ./deploy/healthcheck
 //	go run ./deploy/image -binary bin/retryd -healthcheck bin/retryd-healthcheck \
-//	    -out dist/oci -tag ghcr.io/retryd/retryd:0.1.0
-//	skopeo copy oci:dist/oci:0.1.0 docker://ghcr.io/retryd/retryd:0.1.0
+//	    -out dist/oci -tag "ghcr.io/retryd/retryd:$(cat VERSION)"
+//	skopeo copy "oci:dist/oci:$(cat VERSION)" "docker://ghcr.io/retryd/retryd:$(cat VERSION)"
+//
+// The binary reports the VERSION file's version (compiled in, package
+// retryd); the image's version label is the same file's, found above the
+// working directory, unless -version says otherwise.
 //
 // The build is reproducible: every timestamp is -created, which defaults to
 // $SOURCE_DATE_EPOCH or, without it, the Unix epoch.
@@ -30,6 +34,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -84,7 +89,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) er
 	fs.StringVar(&opts.caBundle, "ca-bundle", "", "`path` of a PEM CA bundle installed at "+caBundlePath+" (optional)")
 	fs.StringVar(&opts.out, "out", "", "OCI image layout `directory` to write; an existing layout there is replaced (required)")
 	tag := fs.String("tag", "ghcr.io/retryd/retryd:dev", "image `reference` (repository:tag) recorded in the layout")
-	fs.StringVar(&opts.version, "version", "", "org.opencontainers.image.version label; default the tag")
+	fs.StringVar(&opts.version, "version", "", "org.opencontainers.image.version label; default the VERSION file of the repository around the working directory")
 	fs.StringVar(&opts.revision, "revision", "", "org.opencontainers.image.revision label (VCS commit)")
 	fs.StringVar(&opts.source, "source", defaultSource, "org.opencontainers.image.source label")
 	created := fs.String("created", "", "creation time (RFC 3339) of the image; default $SOURCE_DATE_EPOCH or the Unix epoch")
@@ -103,7 +108,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) er
 	}
 	opts.tag = t
 	if opts.version == "" {
-		opts.version = t.TagStr()
+		if opts.version, err = versionFile(); err != nil {
+			return err
+		}
 	}
 	opts.created, err = creationTime(*created, getenv("SOURCE_DATE_EPOCH"))
 	if err != nil {
@@ -123,6 +130,30 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintf(stdout, "wrote %s (%s) to %s\n", opts.tag, digest, opts.out)
 	return nil
+}
+
+// versionFile reads the VERSION file of the repository the working
+// directory is in (the directory holding go.mod and VERSION, or one
+// above it).
+func versionFile() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		data, err := os.ReadFile(filepath.Join(dir, "VERSION"))
+		if err == nil {
+			if v := strings.TrimSpace(string(data)); v != "" {
+				return v, nil
+			}
+			return "", fmt.Errorf("%s is empty", filepath.Join(dir, "VERSION"))
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no VERSION file above the working directory; run from the repository or give -version")
+		}
+		dir = parent
+	}
 }
 
 // creationTime is the -created flag, else SOURCE_DATE_EPOCH, else the epoch.

@@ -78,16 +78,22 @@ func (s *Store) attach(ctx context.Context, sessionID, retryID string) (*awaiter
 }
 
 // renew writes the entry with a fresh lease (again, if a transaction
-// deleted it while this stream was late).
+// deleted it while this stream was late). It runs under the store URL's
+// unavailable_after like a call's round trips: a stream whose replica
+// cannot reach Redis ends UNAVAILABLE within the bound, so its agent
+// re-attaches elsewhere, instead of waiting out the Redis client's own
+// read timeouts and retries (the stream's context has no deadline).
 func (a *awaiter) renew(ctx context.Context) error {
 	now := time.Now()
-	_, err := a.s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, a.key, a.field, strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10))
-		p.PExpire(ctx, a.key, a.s.cfg.ChainTTL+a.s.cfg.AbandonGrace+ttlMargin)
+	bctx, cancel := a.s.bounded(ctx)
+	defer cancel()
+	_, err := a.s.rdb.Pipelined(bctx, func(p redis.Pipeliner) error {
+		p.HSet(bctx, a.key, a.field, strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10))
+		p.PExpire(bctx, a.key, a.s.cfg.ChainTTL+a.s.cfg.AbandonGrace+ttlMargin)
 		return nil
 	})
 	if err != nil {
-		return unavailable("registering an awaiter", err)
+		return a.s.unavailableWithin(ctx, "registering an awaiter", err)
 	}
 	a.renewed = now
 	return nil
@@ -102,11 +108,12 @@ func (a *awaiter) renewIfDue(ctx context.Context) error {
 }
 
 // detach deletes the entry. It runs when the stream ends, also when the
-// caller left, so it has a context of its own; if Redis cannot be reached
-// the entry stops counting when its lease ends.
+// caller left, so it has a context of its own, bounded by unavailable_after
+// since the stream's end waits for it; if Redis cannot be reached the
+// entry stops counting when its lease ends.
 func (a *awaiter) detach(ctx context.Context) {
 	a.s.awaiting.Add(-1)
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	dctx, cancel := a.s.bounded(context.WithoutCancel(ctx))
 	defer cancel()
 	a.s.rdb.HDel(dctx, a.key, a.field)
 }

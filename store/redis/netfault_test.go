@@ -218,3 +218,90 @@ func quantiles(d []time.Duration) string {
 	at := func(q float64) time.Duration { return d[int(q*float64(len(d)-1))].Round(time.Millisecond) }
 	return fmt.Sprintf("min %v, p50 %v, p90 %v, max %v", d[0].Round(time.Millisecond), at(0.5), at(0.9), d[len(d)-1].Round(time.Millisecond))
 }
+
+// TestBlackholedAwaiters: AwaitRetry streams on a replica whose path to
+// Redis drops every packet end UNAVAILABLE within about a second plus the
+// bound (a waiting stream reads its retry at least once a second), so
+// agents re-attach to a replica that can reach Redis. A stream opened
+// directly on the cut replica ends UNAVAILABLE; awaiters of the Go client
+// over both replicas (round_robin, health-checked) re-attach to the
+// healthy one and each gets its retry's one Started close to its due
+// time, although the path stays cut past the due time; the invariant
+// checker passes.
+func TestBlackholedAwaiters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: cuts a path to Redis for seconds")
+	}
+	srv := redistest.StartInNamespace(t, 2)
+	cut, healthy := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hc := retrydv1.NewRetryServiceClient(healthy.Conn(t))
+	client := fleetClient(t, cut, healthy)
+
+	const delay = 5 * time.Second
+	const awaiters = 6
+	type awaited struct {
+		retryID string
+		due     time.Time
+		term    *retrydv1.AwaitRetryResponse
+		err     error
+		at      time.Time
+	}
+	all := make([]*awaited, awaiters)
+	for i := range all {
+		due := time.Now().Add(delay)
+		all[i] = &awaited{retryID: scheduleFixed(ctx, t, hc, fmt.Sprintf("await-%d", i), uint64(delay.Milliseconds())), due: due}
+	}
+	direct := awaitStream(ctx, t, retrydv1.NewRetryServiceClient(cut.Conn(t)), all[0].retryID)
+	var wg sync.WaitGroup
+	for _, a := range all {
+		wg.Go(func() {
+			a.term, a.err = client.AwaitRetry(ctx, a.retryID)
+			a.at = time.Now()
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // every awaiter attached
+
+	srv.Cut(t, 0)
+	cutAt := time.Now()
+	_, err := terminal(direct)
+	ended := time.Since(cutAt)
+	t.Logf("the stream on the cut replica ended %v after the cut: %v", ended.Round(time.Millisecond), err)
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("the stream on the cut replica: %v, want UNAVAILABLE", err)
+	}
+	if ended > time.Second+netBound+netSlack {
+		t.Errorf("the stream on the cut replica ended %v after the cut, want within %v", ended, time.Second+netBound+netSlack)
+	}
+	wg.Wait()
+	srv.Heal(t, 0)
+
+	var late []time.Duration
+	for _, a := range all {
+		if a.err != nil || a.term.GetStarted() == nil {
+			t.Errorf("awaiter of %s: %v %v, want Started", a.retryID, a.term, a.err)
+			continue
+		}
+		late = append(late, a.at.Sub(a.due))
+	}
+	slices.Sort(late)
+	t.Logf("awaiters got Started after their due time: %s", quantiles(late))
+	// Started is due within the awaiters' recheck (a second) of the due
+	// time, plus a re-attach.
+	if len(late) > 0 && late[len(late)-1] > 2*time.Second {
+		t.Errorf("an awaiter got Started %v after its due time, want within 2s", late[len(late)-1])
+	}
+	events := retrydtest.Verify(t, healthy.Conn(t))
+	started := map[string]int{}
+	for _, ev := range events {
+		if s := ev.GetStarted(); s != nil {
+			started[s.GetRetryId()]++
+		}
+	}
+	for _, a := range all {
+		if started[a.retryID] != 1 {
+			t.Errorf("retry %s started %d times, want once", a.retryID, started[a.retryID])
+		}
+	}
+}

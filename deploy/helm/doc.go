@@ -6,5 +6,8 @@
 //
 // The package has no non-test code; run it with
 //
-//	go test ./deploy/helm/
+//	go test -C deploy/helm ./...
+//
+// It is a module of its own, so that the Kubernetes API types it decodes
+// into stay out of the server module's requirements.
 package helm

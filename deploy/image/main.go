@@ -11,7 +11,8 @@
 //
 //	CGO_ENABLED=0 go build -trimpath -o bin/retryd ./cmd/retryd
 //	CGO_ENABLED=0 go build -trimpath -o bin/retryd-healthcheck ./deploy/healthcheck
-//	go run ./deploy/image -binary bin/retryd -healthcheck bin/retryd-healthcheck \
+//	go build -C deploy/image -o ../../bin/retryd-image .
+//	bin/retryd-image -binary bin/retryd -healthcheck bin/retryd-healthcheck \
 //	    -out dist/oci -tag "ghcr.io/retryd/retryd:$(cat VERSION)"
 //	skopeo copy "oci:dist/oci:$(cat VERSION)" "docker://ghcr.io/retryd/retryd:$(cat VERSION)"
 //

@@ -16,11 +16,15 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 )
 
-// libraryModules are the repository's modules an agent's module may
-// require, directly or through the Go client; the consumer replaces each
-// with its working copy. The client's tests require the last two, so they
-// are in the client's go.mod and therefore in the consumer's graph.
-var libraryModules = []string{"clients/go", "gen", "policy", "invariant", "internal/retrydtest"}
+// agentModules are the repository's modules an agent imports: the Go
+// client, its openai-go middleware, the generated API and the policy
+// engine.
+var agentModules = []string{"clients/go", "clients/go/openai", "gen", "policy"}
+
+// testModules are required by the client's tests, so they are in the
+// client's go.mod and therefore in the consumer's graph (go mod tidy loads
+// the tests of the packages the consumer imports).
+var testModules = []string{"invariant", "internal/retrydtest"}
 
 // forbidden are module paths (a trailing "/" makes a prefix) that only the
 // server, its deployment tests or its benchmarks need.
@@ -53,18 +57,19 @@ import (
 	"fmt"
 
 	retryd "github.com/retryd/retryd/clients/go"
+	retrydopenai "github.com/retryd/retryd/clients/go/openai"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
 )
 
 func main() {
 	_, err := policy.Resolve(&retrydv1.RetryPolicy{Mode: retrydv1.Mode_MODE_NORMAL})
-	fmt.Println(retryd.New, err)
+	fmt.Println(retryd.New, retrydopenai.New, err)
 }
 `
 
-// TestConsumerModuleGraph resolves a module that imports the Go client, the
-// generated API and policy, and checks that neither its module graph nor
+// TestConsumerModuleGraph resolves a module that imports the Go client, its
+// openai-go middleware, the generated API and policy, and checks that neither its module graph nor
 // its packages reach the server's dependencies.
 func TestConsumerModuleGraph(t *testing.T) {
 	t.Parallel()
@@ -75,10 +80,10 @@ func TestConsumerModuleGraph(t *testing.T) {
 	dir := t.TempDir()
 	var gomod strings.Builder
 	fmt.Fprintf(&gomod, "module example.com/agent\n\ngo 1.26.0\n\n")
-	for _, m := range libraryModules[:3] {
+	for _, m := range agentModules {
 		fmt.Fprintf(&gomod, "require github.com/retryd/retryd/%s v0.0.0-00010101000000-000000000000\n", m)
 	}
-	for _, m := range libraryModules {
+	for _, m := range slices.Concat(agentModules, testModules) {
 		fmt.Fprintf(&gomod, "replace github.com/retryd/retryd/%s => %s\n", m, filepath.Join(root, filepath.FromSlash(m)))
 	}
 	write(t, filepath.Join(dir, "go.mod"), gomod.String())

@@ -305,3 +305,63 @@ func TestBlackholedAwaiters(t *testing.T) {
 		}
 	}
 }
+
+// TestFlappingPath: one replica's path to Redis goes down and up every
+// 500 ms for 5 s (down: every packet dropped silently) under a small load
+// on that replica. Every call either succeeds or fails UNAVAILABLE within
+// about the bound, none is held for the length of the flapping; every call
+// acknowledged is in Redis, and the invariant checker passes.
+func TestFlappingPath(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: flaps a path to Redis for seconds")
+	}
+	srv := redistest.StartInNamespace(t, 2)
+	flapping, steady := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	l := startNetLoad(retrydv1.NewRetryServiceClient(flapping.Conn(t)), 4)
+
+	time.Sleep(time.Second)
+	for range 5 {
+		srv.Cut(t, 0)
+		time.Sleep(500 * time.Millisecond)
+		srv.Heal(t, 0)
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	l.stop()
+
+	var ok, unavailable []time.Duration
+	var acked []string
+	for _, c := range l.calls {
+		took := c.end.Sub(c.start)
+		switch c.code {
+		case codes.OK:
+			ok = append(ok, took)
+			acked = append(acked, c.session)
+		case codes.Unavailable:
+			unavailable = append(unavailable, took)
+		default:
+			t.Errorf("%s: %v after %v, want OK or UNAVAILABLE", c.session, c.code, took)
+		}
+		// A call queued behind a group commit that is already waiting
+		// takes up to about twice the bound.
+		if took > 2*netBound+netSlack {
+			t.Errorf("%s: %v after %v, want an answer within %v", c.session, c.code, took, 2*netBound+netSlack)
+		}
+	}
+	slices.Sort(ok)
+	slices.Sort(unavailable)
+	t.Logf("%d calls OK (%s), %d UNAVAILABLE (%s)", len(ok), quantiles(ok), len(unavailable), quantiles(unavailable))
+	if len(unavailable) == 0 {
+		t.Error("no call failed while the path was down: the flapping did not cut anything")
+	}
+	sc := retrydv1.NewRetryServiceClient(steady.Conn(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, session := range acked {
+		resp, err := sc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
+		if err != nil || len(resp.GetChains()) == 0 {
+			t.Errorf("acknowledged session %s read through the other replica: %v %v", session, resp, err)
+		}
+	}
+	retrydtest.Verify(t, steady.Conn(t))
+}

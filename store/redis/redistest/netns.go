@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/retryd/retryd/internal/retrydtest"
 )
 
 // NetServer is a redis-server in a network namespace of its own, reached
@@ -45,9 +47,7 @@ func StartInNamespace(t testing.TB, paths int) *NetServer {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: building network namespaces needs root; skipping the network fault tests")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip (iproute2) is not installed (apt-get install -y iproute2); skipping the network fault tests")
-	}
+	retrydtest.NeedProgram(t, "ip", "apt-get install -y iproute2")
 	n := netSeq.Add(1)
 	// One subnet octet per namespace, from the PID and the sequence, so
 	// that test processes running at once use different subnets.

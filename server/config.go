@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/admission"
 	"github.com/retryd/retryd/store/redis"
 )
 
@@ -116,7 +116,7 @@ type Config struct {
 	// RETRYD_AUTH_RELOAD_INTERVAL).
 	AuthReloadInterval time.Duration
 
-	// Admission control (service.Limits): over one of these bounds a call
+	// Admission control (admission.Limits): over one of these bounds a call
 	// is refused RESOURCE_EXHAUSTED and records nothing. 0 is unlimited,
 	// except for MaxAwaitersPerRetry.
 	//
@@ -469,8 +469,8 @@ func (c *Config) validateAdmission(bad func(field, value, reason string)) {
 // Counts the event log never ended are forgotten well after the store
 // itself forgets their session: twice the chain TTL plus the abandon
 // grace.
-func (c *Config) Limits() service.Limits {
-	return service.Limits{
+func (c *Config) Limits() admission.Limits {
+	return admission.Limits{
 		PendingRetriesPerTenant: c.MaxPendingRetriesPerTenant,
 		PendingRetries:          c.MaxPendingRetries,
 		OpenChainsPerTenant:     c.MaxOpenChainsPerTenant,

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/admission"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
@@ -27,7 +28,7 @@ import (
 
 // startLimited starts a server with admission limits, as eachBackend
 // does.
-func startLimited(t *testing.T, open func(*testing.T, memory.Config) service.Store, limits service.Limits) (*harness, *service.Service) {
+func startLimited(t *testing.T, open func(*testing.T, memory.Config) service.Store, limits admission.Limits) (*harness, *service.Service) {
 	t.Helper()
 	return startHarness(t, open, harnessOpts{limits: &limits})
 }
@@ -105,7 +106,7 @@ func settled(t *testing.T, h *harness, pending, chains int64) {
 
 // eachBackendLimited is eachBackend with admission limits: fn runs once
 // per store, in parallel, and the invariant checker runs over the log.
-func eachBackendLimited(t *testing.T, limits service.Limits, fn func(t *testing.T, h *harness)) {
+func eachBackendLimited(t *testing.T, limits admission.Limits, fn func(t *testing.T, h *harness)) {
 	t.Helper()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -221,10 +222,10 @@ func TestAdmissionBounds(t *testing.T) {
 	a, b := as("team-a"), as("team-b")
 	tests := []struct {
 		name   string
-		limits service.Limits
+		limits admission.Limits
 		run    func(t *testing.T, h *harness)
 	}{
-		{"pending retries per tenant", service.Limits{PendingRetriesPerTenant: 2}, func(t *testing.T, h *harness) {
+		{"pending retries per tenant", admission.Limits{PendingRetriesPerTenant: 2}, func(t *testing.T, h *harness) {
 			scheduleAs(t, h, a, slow("s1", 1))
 			scheduleAs(t, h, a, slow("s2", 1))
 			before := allEvents(t, h)
@@ -236,7 +237,7 @@ func TestAdmissionBounds(t *testing.T) {
 			}
 			scheduleAs(t, h, b, slow("s3", 1)) // another tenant's own limit
 		}},
-		{"pending retries", service.Limits{PendingRetriesPerTenant: 2, PendingRetries: 3}, func(t *testing.T, h *harness) {
+		{"pending retries", admission.Limits{PendingRetriesPerTenant: 2, PendingRetries: 3}, func(t *testing.T, h *harness) {
 			scheduleAs(t, h, a, slow("s1", 1))
 			scheduleAs(t, h, a, slow("s2", 1))
 			scheduleAs(t, h, b, slow("s1", 1))
@@ -245,7 +246,7 @@ func TestAdmissionBounds(t *testing.T) {
 			wantRefused(t, "the server's fourth", err, "pending_retries", "server", "pending retries", 3)
 			unchanged(t, h, "the refusal", before)
 		}},
-		{"open chains per tenant", service.Limits{OpenChainsPerTenant: 2}, func(t *testing.T, h *harness) {
+		{"open chains per tenant", admission.Limits{OpenChainsPerTenant: 2}, func(t *testing.T, h *harness) {
 			openChain(t, h, a, "s1", "deepseek", 1)
 			openChain(t, h, a, "s2", "deepseek", 1)
 			settled(t, h, 0, 2)
@@ -260,7 +261,7 @@ func TestAdmissionBounds(t *testing.T) {
 				t.Errorf("retry %d in the open chain, want 2", s.GetRetryNumber())
 			}
 		}},
-		{"open chains", service.Limits{OpenChainsPerTenant: 5, OpenChains: 2}, func(t *testing.T, h *harness) {
+		{"open chains", admission.Limits{OpenChainsPerTenant: 5, OpenChains: 2}, func(t *testing.T, h *harness) {
 			openChain(t, h, a, "s1", "deepseek", 1)
 			openChain(t, h, b, "s1", "deepseek", 1)
 			before := allEvents(t, h)
@@ -268,7 +269,7 @@ func TestAdmissionBounds(t *testing.T) {
 			wantRefused(t, "the server's third chain", err, "open_chains", "server", "open chains", 2)
 			unchanged(t, h, "the refusal", before)
 		}},
-		{"active sessions per tenant", service.Limits{ActiveSessionsPerTenant: 1}, func(t *testing.T, h *harness) {
+		{"active sessions per tenant", admission.Limits{ActiveSessionsPerTenant: 1}, func(t *testing.T, h *harness) {
 			openChain(t, h, a, "s1", "deepseek", 1)
 			before := allEvents(t, h)
 			_, err := h.client.FailedStep(a, slow("s2", 1))
@@ -277,7 +278,7 @@ func TestAdmissionBounds(t *testing.T) {
 			// The active session adds a chain: it is no new session.
 			scheduleAs(t, h, a, failure("s1", 1, 2, "openai", "RATE_LIMIT", fast(9_000)))
 		}},
-		{"awaiters per retry", service.Limits{AwaitersPerRetry: 1}, func(t *testing.T, h *harness) {
+		{"awaiters per retry", admission.Limits{AwaitersPerRetry: 1}, func(t *testing.T, h *harness) {
 			s := scheduleAs(t, h, a, slow("s1", 1))
 			ctx, cancel := context.WithTimeout(a, 20*time.Second)
 			defer cancel()
@@ -311,7 +312,7 @@ func TestAdmissionBounds(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		}},
-		{"awaiters", service.Limits{AwaitersPerRetry: 4, Awaiters: 2}, func(t *testing.T, h *harness) {
+		{"awaiters", admission.Limits{AwaitersPerRetry: 4, Awaiters: 2}, func(t *testing.T, h *harness) {
 			s1 := scheduleAs(t, h, a, slow("s1", 1))
 			s2 := scheduleAs(t, h, b, slow("s2", 1))
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -378,7 +379,7 @@ func latestAwaiters(t *testing.T, h *harness, ctx context.Context, session strin
 // closes a chain whose budget is used — and StepSucceeded.
 func TestAdmissionPassesWhatAddsNothing(t *testing.T) {
 	t.Parallel()
-	limits := service.Limits{PendingRetriesPerTenant: 1, OpenChainsPerTenant: 3, ActiveSessionsPerTenant: 2}
+	limits := admission.Limits{PendingRetriesPerTenant: 1, OpenChainsPerTenant: 3, ActiveSessionsPerTenant: 2}
 	eachBackendLimited(t, limits, func(t *testing.T, h *harness) {
 		a := as("team-a")
 		oneRetry := fast(1)
@@ -470,7 +471,7 @@ func startedAs(t *testing.T, h *harness, ctx context.Context, retryID string) {
 func TestAdmissionFairness(t *testing.T) {
 	t.Parallel()
 	const perTenant, flood, others = 20, 300, 20
-	limits := service.Limits{PendingRetriesPerTenant: perTenant, PendingRetries: 2 * perTenant}
+	limits := admission.Limits{PendingRetriesPerTenant: perTenant, PendingRetries: 2 * perTenant}
 	eachBackendLimited(t, limits, func(t *testing.T, h *harness) {
 		a, b := as("team-a"), as("team-b")
 		var (
@@ -581,7 +582,7 @@ func TestAdmissionFlood(t *testing.T) {
 	const maxGrowth = 10 << 20
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			h, svc := startLimited(t, b.open, service.Limits{PendingRetriesPerTenant: bound, PendingRetries: 2 * bound})
+			h, svc := startLimited(t, b.open, admission.Limits{PendingRetriesPerTenant: bound, PendingRetries: 2 * bound})
 			// The calls go to the service in this process: what is
 			// measured is the service and its store, not gRPC's buffers.
 			ctx := tenant.NewContext(context.Background(), &tenant.Tenant{ID: "team-a"})

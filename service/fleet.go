@@ -87,6 +87,7 @@ type fleetEntry struct {
 type fleets struct {
 	policies *config.Policies
 	shared   SharedFleet // nil: the state is kept here
+	now      func() time.Time
 	log      *slog.Logger
 
 	mu      sync.RWMutex // entries are read on every protected failure, added rarely
@@ -94,8 +95,8 @@ type fleets struct {
 	queued  map[string]*fleetEntry // retry id → its provider's entry
 }
 
-func newFleets(p *config.Policies, store Store, log *slog.Logger) *fleets {
-	fs := &fleets{policies: p, log: log, entries: map[fleetKey]*fleetEntry{}, queued: map[string]*fleetEntry{}}
+func newFleets(p *config.Policies, store Store, now func() time.Time, log *slog.Logger) *fleets {
+	fs := &fleets{policies: p, now: now, log: log, entries: map[fleetKey]*fleetEntry{}, queued: map[string]*fleetEntry{}}
 	fs.shared, _ = store.(SharedFleet)
 	return fs
 }
@@ -283,6 +284,17 @@ func (fs *fleets) settled(ctx context.Context, retryID string, started bool, now
 	fs.mu.Unlock()
 	if e != nil && !started {
 		fs.update(ctx, e, now, func(st *fleet.ProviderState) { st.Dropped(e.cfg, now) })
+	}
+}
+
+// Observe is fleet protection's consumer of the event log: a retry that
+// started or was cancelled leaves its provider's queue.
+func (fs *fleets) Observe(_ context.Context, ev *retrydv1.Event) {
+	switch k := ev.GetKind().(type) {
+	case *retrydv1.Event_Started:
+		fs.settled(context.Background(), k.Started.GetRetryId(), true, fs.now())
+	case *retrydv1.Event_Cancelled:
+		fs.settled(context.Background(), k.Cancelled.GetRetryId(), false, fs.now())
 	}
 }
 

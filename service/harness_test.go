@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/admission"
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
@@ -113,7 +114,7 @@ type harnessOpts struct {
 	// spans (metrics are recorded per server always).
 	telemetry bool
 	// limits, when set, are the server's admission limits.
-	limits *service.Limits
+	limits *admission.Limits
 }
 
 // eachBackend runs fn once per store, each with its own server over real

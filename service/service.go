@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/retryd/retryd/admission"
 	"github.com/retryd/retryd/config"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Store keeps sessions, chains, pending retries and the event log. The
@@ -71,10 +73,10 @@ type Service struct {
 	shared *interner
 	// fleets is fleet protection: per-provider budgets and circuits.
 	fleets *fleets
-	// limits and adm are admission control (admission.go); adm is nil
-	// when nothing is bounded.
-	limits Limits
-	adm    *admission
+	// limits and adm are admission control (package admission); adm is
+	// nil when nothing is bounded.
+	limits admission.Limits
+	adm    *admission.Control
 }
 
 // Option configures a Service.
@@ -106,6 +108,13 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(s *Service) { s.mp = mp })
 }
 
+// WithLimits turns admission control on (see admission.Limits).
+// FailedStep bounds are counted from the event log by Observe, which must
+// run.
+func WithLimits(l admission.Limits) Option {
+	return optionFunc(func(s *Service) { s.limits = l })
+}
+
 // WithClock replaces time.Now (tests).
 func WithClock(now func() time.Time) Option {
 	return optionFunc(func(s *Service) { s.now = now })
@@ -118,39 +127,26 @@ func New(store Store, opts ...Option) (*Service, error) {
 	for _, o := range opts {
 		o.apply(s)
 	}
-	tel, err := newTelemetry(s.tp, s.mp)
+	dues, _ := store.(DueSource)
+	tel, err := newTelemetry(s.tp, s.mp, dues)
 	if err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	s.tel = tel
-	tel.dueSource, _ = store.(DueSource)
-	if s.adm, err = newAdmission(s.limits, s.now, s.log, s.mp); err != nil {
+	if s.adm, err = admission.New(s.limits, s.now, s.log, meterOf(s.mp)); err != nil {
 		return nil, fmt.Errorf("service: admission: %w", err)
 	}
 	if err := checkFleetStore(s.policies, store); err != nil {
 		return nil, err
 	}
-	s.fleets = newFleets(s.policies, store, s.log)
+	s.fleets = newFleets(s.policies, store, s.now, s.log)
 	if g, ok := store.(GatedStore); ok {
 		g.SetStartGate(s.fleets)
 	}
-	tel.onEvent = s.fleetEvent
 	if err := registerStoreGauges(s.mp, store); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	return s, nil
-}
-
-// Observe follows the store's event log to end backoff spans and count
-// starts and cancellations. Run it in one goroutine for the server's life;
-// it returns when ctx ends or the store closes.
-func (s *Service) Observe(ctx context.Context) error {
-	err := s.tel.observe(ctx, s.observed()) // counts for admission control too
-	s.tel.endAll()
-	if errors.Is(err, context.Canceled) || errors.Is(err, ErrShutdown) {
-		return nil
-	}
-	return err
 }
 
 // FailedStep implements RetryService.FailedStep.
@@ -162,17 +158,17 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 	}
 	scope := scopeOf(ctx)
 	req.SessionId = scope + req.SessionId // validated: never already scoped
-	held, err := s.adm.admit(f, now)
+	held, err := s.adm.Admit(f, now)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused by admission control", "session", req.GetSessionId(), "err", err)
-		return nil, err
+		return nil, toStatus(err)
 	}
 	tenantID, _ := SplitSessionID(scope)
 	fh := s.fleets.hook(&f, tenantID, now)
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
-	s.adm.decided(held, out, err)
+	s.adm.Decided(held, out, err)
 	if fh != nil {
 		s.fleets.scheduled(ctx, fh, out, err, s.now())
 	}
@@ -251,9 +247,9 @@ func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.Re
 		return err
 	}
 	scope := scopeOf(stream.Context())
-	leave, err := s.adm.await(scope, req.GetRetryId())
+	leave, err := s.adm.Await(scope, req.GetRetryId())
 	if err != nil {
-		return err
+		return toStatus(err)
 	}
 	defer leave()
 	err = s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
@@ -351,17 +347,6 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 	}))
 }
 
-// fleetEvent lets fleet protection see the event log: a retry that started
-// or was cancelled leaves its provider's queue.
-func (s *Service) fleetEvent(ev *retrydv1.Event) {
-	switch k := ev.GetKind().(type) {
-	case *retrydv1.Event_Started:
-		s.fleets.settled(context.Background(), k.Started.GetRetryId(), true, s.now())
-	case *retrydv1.Event_Cancelled:
-		s.fleets.settled(context.Background(), k.Cancelled.GetRetryId(), false, s.now())
-	}
-}
-
 // notFound replaces the message of a store's not-found error with what +
 // id, the id as the caller sent it: the store's names the stored,
 // tenant-qualified id. Other errors, and nil, are returned as they are
@@ -395,6 +380,9 @@ func toStatus(err error) error {
 	case errors.Is(err, ErrUnavailable):
 		return status.Error(codes.Unavailable, ErrUnavailable.Error())
 	}
+	if r := (*admission.Refusal)(nil); errors.As(err, &r) {
+		return refusalStatus(r)
+	}
 	var ee *engine.Error
 	if !errors.As(err, &ee) {
 		return status.Error(codes.Internal, "internal error")
@@ -424,6 +412,25 @@ func toStatus(err error) error {
 	st, derr := status.New(code, ee.Message).WithDetails(info)
 	if derr != nil {
 		return status.Error(code, ee.Message)
+	}
+	return st.Err()
+}
+
+// refusalStatus is the RESOURCE_EXHAUSTED status of a call admission
+// control refused, with the bound it met (ErrorInfo, QuotaFailure) and when
+// to try again (RetryInfo).
+func refusalStatus(r *admission.Refusal) error {
+	st, err := status.New(codes.ResourceExhausted, r.Error()).WithDetails(
+		&errdetails.ErrorInfo{Reason: "LIMIT_REACHED", Domain: errorDomain,
+			Metadata: map[string]string{"bound": r.Bound, "limit": strconv.Itoa(r.Limit)}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(admission.RetryDelay)},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
+			Subject: r.Subject, Description: r.Description,
+			QuotaId: r.Bound, QuotaValue: int64(r.Limit), QuotaDimensions: r.Dimensions,
+		}}},
+	)
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, r.Error())
 	}
 	return st.Err()
 }

@@ -54,9 +54,6 @@ const maxProviderLabels = 64
 
 // instruments are the service's tracing and metrics.
 type instruments struct {
-	// onEvent, when set, sees every event of the log as observe follows it.
-	onEvent func(*retrydv1.Event)
-
 	tracer  trace.Tracer
 	enabled bool // spans are recorded: worth extracting trace contexts
 
@@ -74,9 +71,12 @@ type instruments struct {
 	mu        sync.Mutex
 	backoffs  map[string]trace.Span // retry id → open backoff span
 	providers map[string]struct{}
-	dues      map[string]time.Time // retry id → due time, for pending retries (observe only, without dueSource)
+	dues      map[string]time.Time // retry id → due time, for pending retries (Observe only, without dueSource)
 	// dueSource, when the store is one, answers due times instead of dues.
 	dueSource DueSource
+	// began is when the service began to follow the log: events before it
+	// are replayed history (see Observe).
+	began time.Time
 	// counts holds the count of each attribute set of each counter the
 	// service has added to (labelKey → *count), made once per set and
 	// read without a lock: building and sorting a set per call costs more
@@ -112,7 +112,9 @@ type labelKey struct {
 // started, no attribute is built.
 var noSpan trace.Span = tracenoop.Span{}
 
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instruments, error) {
+// newTelemetry makes the service's instruments; dues, when not nil, is the
+// store answering due times (see DueSource).
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, dues DueSource) (*instruments, error) {
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
 	}
@@ -126,6 +128,7 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider) (*instrument
 		backoffs:  make(map[string]trace.Span),
 		providers: make(map[string]struct{}),
 		dues:      make(map[string]time.Time),
+		dueSource: dues,
 	}
 	m := mp.Meter(instrumentationName)
 	var err error
@@ -443,62 +446,55 @@ func (t *instruments) forget(retryID string) {
 	}
 }
 
-// observe consumes the store's event log and turns Started and Cancelled
-// events into metrics (with the start lateness: actual start minus due
-// time) and the end of their backoff spans. Only one goroutine runs it; it
-// returns when ctx ends.
-func (t *instruments) observe(ctx context.Context, store Store) error {
-	began := time.Now()
-	return store.WatchEvents(ctx, &retrydv1.WatchEventsRequest{}, func(ev *retrydv1.Event) error {
-		if t.onEvent != nil {
-			t.onEvent(ev)
-		}
-		if ev.GetTime().AsTime().Before(began) {
-			// A durable store replays what happened before this process
-			// started: learn the pending retries' due times, count nothing.
-			switch k := ev.GetKind().(type) {
-			case *retrydv1.Event_Scheduled:
-				t.remember(k.Scheduled)
-			case *retrydv1.Event_Started:
-				t.forget(k.Started.GetRetryId())
-			case *retrydv1.Event_Cancelled:
-				t.forget(k.Cancelled.GetRetryId())
-			}
-			return nil
-		}
+// Observe is telemetry's consumer of the event log: it turns Started and
+// Cancelled events into metrics (with the start lateness: actual start
+// minus due time) and the end of their backoff spans. Only the service's
+// follower calls it, from one goroutine.
+func (t *instruments) Observe(ctx context.Context, ev *retrydv1.Event) {
+	if ev.GetTime().AsTime().Before(t.began) {
+		// A durable store replays what happened before this process
+		// started: learn the pending retries' due times, count nothing.
 		switch k := ev.GetKind().(type) {
 		case *retrydv1.Event_Scheduled:
 			t.remember(k.Scheduled)
 		case *retrydv1.Event_Started:
-			st := k.Started
-			t.countOf(labelKey{instrument: "started"}).add()
-			if due, ok := t.dueOf(st.GetRetryId()); ok {
-				t.startLateness.Record(ctx, st.GetStartedAt().AsTime().Sub(due).Seconds())
-			}
-			span := t.takeBackoff(st.GetRetryId())
-			if span == nil {
-				return nil
-			}
-			at := st.GetStartedAt().AsTime()
-			span.AddEvent("started", trace.WithTimestamp(at))
-			span.End(trace.WithTimestamp(at))
+			t.forget(k.Started.GetRetryId())
 		case *retrydv1.Event_Cancelled:
-			c := k.Cancelled
-			t.forget(c.GetRetryId())
-			t.countOf(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())}).add()
-			if span := t.takeBackoff(c.GetRetryId()); span != nil {
-				at := ev.GetTime().AsTime()
-				span.AddEvent("cancelled", trace.WithTimestamp(at), trace.WithAttributes(attrCancelReason.String(c.GetReason().String())))
-				span.End(trace.WithTimestamp(at))
-			}
-		case *retrydv1.Event_Closed:
-			if k.Closed.GetReason() == retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED && k.Closed.GetRetries() > 0 {
-				t.countOf(labelKey{instrument: "operations", outcome: "recovered",
-					provider: t.providerLabel(k.Closed.GetProvider())}).add()
-			}
+			t.forget(k.Cancelled.GetRetryId())
 		}
-		return nil
-	})
+		return
+	}
+	switch k := ev.GetKind().(type) {
+	case *retrydv1.Event_Scheduled:
+		t.remember(k.Scheduled)
+	case *retrydv1.Event_Started:
+		st := k.Started
+		t.countOf(labelKey{instrument: "started"}).add()
+		if due, ok := t.dueOf(st.GetRetryId()); ok {
+			t.startLateness.Record(ctx, st.GetStartedAt().AsTime().Sub(due).Seconds())
+		}
+		span := t.takeBackoff(st.GetRetryId())
+		if span == nil {
+			return
+		}
+		at := st.GetStartedAt().AsTime()
+		span.AddEvent("started", trace.WithTimestamp(at))
+		span.End(trace.WithTimestamp(at))
+	case *retrydv1.Event_Cancelled:
+		c := k.Cancelled
+		t.forget(c.GetRetryId())
+		t.countOf(labelKey{instrument: "cancelled", cancelling: cancelLabel(c.GetReason())}).add()
+		if span := t.takeBackoff(c.GetRetryId()); span != nil {
+			at := ev.GetTime().AsTime()
+			span.AddEvent("cancelled", trace.WithTimestamp(at), trace.WithAttributes(attrCancelReason.String(c.GetReason().String())))
+			span.End(trace.WithTimestamp(at))
+		}
+	case *retrydv1.Event_Closed:
+		if k.Closed.GetReason() == retrydv1.CloseReason_CLOSE_REASON_SUCCEEDED && k.Closed.GetRetries() > 0 {
+			t.countOf(labelKey{instrument: "operations", outcome: "recovered",
+				provider: t.providerLabel(k.Closed.GetProvider())}).add()
+		}
+	}
 }
 
 func (t *instruments) takeBackoff(retryID string) trace.Span {

@@ -17,7 +17,7 @@ import (
 // tenant (authentication disabled) has the empty scope: its ids are stored
 // as sent, exactly as before tenancy existed, and it cannot see any
 // tenant's sessions either.
-const scopeSeparator = "\x1f"
+const scopeSeparator = tenant.Separator
 
 // scopeOf returns the prefix of the calling tenant's session ids.
 func scopeOf(ctx context.Context) string {
@@ -40,12 +40,7 @@ func InScope(scope, sessionID string) bool {
 
 // SplitSessionID splits a stored session id into its tenant (empty for the
 // default tenant) and the id the tenant knows.
-func SplitSessionID(stored string) (tenantID, sessionID string) {
-	if t, s, ok := strings.Cut(stored, scopeSeparator); ok {
-		return t, s
-	}
-	return tenant.Default, stored
-}
+func SplitSessionID(stored string) (tenantID, sessionID string) { return tenant.Split(stored) }
 
 // unscoped returns msg as the caller must see it: session ids without the
 // scope. With the default scope that is msg itself; otherwise a copy, since

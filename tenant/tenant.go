@@ -6,11 +6,28 @@ package tenant
 import (
 	"context"
 	"slices"
+	"strings"
 )
 
 // Default is the id of the one tenant everything runs as when
 // authentication is disabled.
 const Default = ""
+
+// Separator joins a tenant's id and a session id into the session id the
+// stores keep, "TENANT\x1fSESSION". It is a control character, which the
+// service refuses in every id a caller sends, so a qualified id can never
+// be forged and two tenants' ids can never collide. The default tenant's
+// ids are stored as sent.
+const Separator = "\x1f"
+
+// Split splits a stored session id into its tenant (Default for the
+// default tenant) and the id the tenant knows.
+func Split(stored string) (tenantID, sessionID string) {
+	if t, s, ok := strings.Cut(stored, Separator); ok {
+		return t, s
+	}
+	return Default, stored
+}
 
 // Tenant is an authenticated caller: its id, and the providers and named
 // policies it may use (nil means any).

@@ -1,4 +1,4 @@
-package service
+package admission
 
 import (
 	"errors"
@@ -9,8 +9,6 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -21,10 +19,10 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-func newTestAdmission(t *testing.T, l Limits) (*admission, *fakeClock) {
+func newTestAdmission(t *testing.T, l Limits) (*Control, *fakeClock) {
 	t.Helper()
 	clock := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	a, err := newAdmission(l, clock.now, slog.New(slog.DiscardHandler), nil)
+	a, err := New(l, clock.now, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +63,7 @@ func (l *eventLog) delegated(session string, turn, step uint64) *retrydv1.Event 
 	return l.next(session, &retrydv1.Event{Kind: &retrydv1.Event_Delegated{Delegated: &retrydv1.RetryDelegated{Turn: turn, Step: step}}})
 }
 
-func wantCounts(t *testing.T, a *admission, what string, tenantID string, want counts) {
+func wantCounts(t *testing.T, a *Control, what string, tenantID string, want counts) {
 	t.Helper()
 	var got counts
 	if tc := a.tenants[tenantID]; tc != nil {
@@ -106,7 +104,7 @@ func TestAdmissionCountsFollowTheLog(t *testing.T) {
 		{"b1 cancelled", log.cancelled(b1, "r2"), counts{}, counts{0, 1, 1}, 1},
 		{"b1 expired", log.closed(b1, "p", "k"), counts{}, counts{}, 0},
 	} {
-		a.observe(step.ev)
+		a.Observe(step.ev)
 		wantCounts(t, a, step.what, "team-a", step.a)
 		wantCounts(t, a, step.what, "team-b", step.b)
 		if len(a.sessions) != step.tracked {
@@ -146,72 +144,73 @@ func TestAdmissionReservations(t *testing.T) {
 	p := &retrydv1.RetryPolicy{}
 	refused := func(what string, f engine.Failure) {
 		t.Helper()
-		if r, err := a.admit(f, clock.now()); status.Code(err) != codes.ResourceExhausted {
-			t.Errorf("%s: %v %v, want RESOURCE_EXHAUSTED", what, r, err)
+		var refusal *Refusal
+		if r, err := a.Admit(f, clock.now()); !errors.As(err, &refusal) || refusal.Bound != "pending_retries_per_tenant" {
+			t.Errorf("%s: %v %v, want a refusal at pending_retries_per_tenant", what, r, err)
 		}
 	}
 
-	r1, err := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
+	r1, err := a.Admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
 	if err != nil || r1 == nil {
 		t.Fatalf("first admission: %v %v", r1, err)
 	}
 	refused("while s1's is in flight", testFailure(t, "s2", 1, 1, "SERVER", p))
 	// Decided: the log has not shown it yet, so the reservation stays.
 	ev := log.scheduled("s1", "p", "k", "r1", 1, 1, 1)
-	a.decided(r1, scheduledOutcome(ev), nil)
+	a.Decided(r1, scheduledOutcome(ev), nil)
 	refused("while the log lags", testFailure(t, "s2", 1, 1, "SERVER", p))
 	if a.reserved.pending != 1 || a.ahead["s1"] != r1 || r1.next != nil || len(a.ahead) != 1 {
 		t.Fatalf("reserved %+v, ahead %v; want s1's reservation held", a.reserved, a.ahead)
 	}
-	a.observe(ev)
+	a.Observe(ev)
 	if a.reserved != (counts{}) || a.logged != (counts{1, 1, 1}) {
 		t.Errorf("after the log showed it: reserved %+v, held %+v; want it counted once", a.reserved, a.logged)
 	}
 	refused("while s1's retry is pending", testFailure(t, "s2", 1, 1, "SERVER", p))
-	a.observe(log.started("s1", "r1"))
+	a.Observe(log.started("s1", "r1"))
 
 	// A failure that scheduled nothing releases at once.
-	r2, err := a.admit(testFailure(t, "s2", 1, 1, "SERVER", p), clock.now())
+	r2, err := a.Admit(testFailure(t, "s2", 1, 1, "SERVER", p), clock.now())
 	if err != nil || r2 == nil {
 		t.Fatalf("s2: %v %v", r2, err)
 	}
-	a.decided(r2, engine.FailOutcome{}, errors.New("store unavailable"))
+	a.Decided(r2, engine.FailOutcome{}, errors.New("store unavailable"))
 	if a.reserved != (counts{}) {
 		t.Errorf("after a failed decision: reserved %+v", a.reserved)
 	}
 
 	// A decision the log already showed releases at once too.
-	r3, _ := a.admit(testFailure(t, "s3", 1, 1, "SERVER", p), clock.now())
+	r3, _ := a.Admit(testFailure(t, "s3", 1, 1, "SERVER", p), clock.now())
 	ev3 := log.scheduled("s3", "p", "k", "r3", 1, 1, 1)
-	a.observe(ev3)
-	a.decided(r3, scheduledOutcome(ev3), nil)
+	a.Observe(ev3)
+	a.Decided(r3, scheduledOutcome(ev3), nil)
 	if a.reserved != (counts{}) || a.logged.pending != 1 {
 		t.Errorf("decided after the log: reserved %+v, held %+v", a.reserved, a.logged)
 	}
-	a.observe(log.cancelled("s3", "r3"))
+	a.Observe(log.cancelled("s3", "r3"))
 
 	// A partitioned store may show a session's event after later
 	// sequences of other sessions: the reservation holds until the log
 	// shows its own session's event.
-	r6, _ := a.admit(testFailure(t, "s6", 1, 1, "SERVER", p), clock.now())
+	r6, _ := a.Admit(testFailure(t, "s6", 1, 1, "SERVER", p), clock.now())
 	ev6 := log.scheduled("s6", "p", "k", "r6", 1, 1, 1)
-	a.decided(r6, scheduledOutcome(ev6), nil)
-	a.observe(log.started("s7", "r7")) // a later sequence, another session
+	a.Decided(r6, scheduledOutcome(ev6), nil)
+	a.Observe(log.started("s7", "r7")) // a later sequence, another session
 	if a.reserved.pending != 1 {
 		t.Errorf("after a later event of another session: reserved %+v, want s6's held", a.reserved)
 	}
-	a.observe(ev6)
+	a.Observe(ev6)
 	if a.reserved != (counts{}) || a.logged.pending != 1 {
 		t.Errorf("after s6's own event: reserved %+v, held %+v; want it counted once", a.reserved, a.logged)
 	}
-	a.observe(log.cancelled("s6", "r6"))
+	a.Observe(log.cancelled("s6", "r6"))
 
 	// A decision the log never shows is released after the timeout.
-	r4, _ := a.admit(testFailure(t, "s4", 1, 1, "SERVER", p), clock.now())
-	a.decided(r4, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil)
+	r4, _ := a.Admit(testFailure(t, "s4", 1, 1, "SERVER", p), clock.now())
+	a.Decided(r4, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil)
 	refused("while s4's reservation waits", testFailure(t, "s5", 1, 1, "SERVER", p))
 	clock.t = clock.t.Add(reservationTimeout + time.Second)
-	if r, err := a.admit(testFailure(t, "s5", 1, 1, "SERVER", p), clock.now()); err != nil || r == nil {
+	if r, err := a.Admit(testFailure(t, "s5", 1, 1, "SERVER", p), clock.now()); err != nil || r == nil {
 		t.Errorf("after the reservation timed out: %v %v", r, err)
 	}
 }
@@ -224,30 +223,30 @@ func TestAdmissionReservationsOfOneSession(t *testing.T) {
 	a, clock := newTestAdmission(t, Limits{PendingRetriesPerTenant: 3})
 	log := &eventLog{clock: clock}
 	p := &retrydv1.RetryPolicy{}
-	r1, err1 := a.admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
-	r2, err2 := a.admit(testFailure(t, "s1", 1, 2, "SERVER", p), clock.now())
-	r3, err3 := a.admit(testFailure(t, "s1", 1, 3, "SERVER", p), clock.now())
+	r1, err1 := a.Admit(testFailure(t, "s1", 1, 1, "SERVER", p), clock.now())
+	r2, err2 := a.Admit(testFailure(t, "s1", 1, 2, "SERVER", p), clock.now())
+	r3, err3 := a.Admit(testFailure(t, "s1", 1, 3, "SERVER", p), clock.now())
 	if r1 == nil || r2 == nil || r3 == nil || err1 != nil || err2 != nil || err3 != nil {
 		t.Fatalf("admissions: %v %v %v, %v %v %v", r1, r2, r3, err1, err2, err3)
 	}
 	ev1 := log.scheduled("s1", "p", "k", "r1", 1, 1, 1)
 	ev2 := log.cancelled("s1", "r1")
 	ev3 := log.scheduled("s1", "p", "k", "r3", 1, 3, 2)
-	a.decided(r1, scheduledOutcome(ev1), nil)
-	a.decided(r3, scheduledOutcome(ev3), nil)
-	a.decided(r2, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil) // never shown
+	a.Decided(r1, scheduledOutcome(ev1), nil)
+	a.Decided(r3, scheduledOutcome(ev3), nil)
+	a.Decided(r2, scheduledOutcome(&retrydv1.Event{Sequence: 1000}), nil) // never shown
 	if a.reserved.pending != 3 {
 		t.Fatalf("decided, nothing shown: reserved %+v, want 3 pending", a.reserved)
 	}
-	a.observe(ev1)
-	a.observe(ev2)
+	a.Observe(ev1)
+	a.Observe(ev2)
 	if a.reserved.pending != 2 {
 		t.Errorf("after r1's event: reserved %+v, want r2's and r3's held", a.reserved)
 	}
-	if _, err := a.admit(testFailure(t, "s1", 1, 4, "SERVER", p), clock.now()); err != nil {
+	if _, err := a.Admit(testFailure(t, "s1", 1, 4, "SERVER", p), clock.now()); err != nil {
 		t.Errorf("while s1 has reservations ahead: %v, want no refusal (the store answers)", err)
 	}
-	a.observe(ev3)
+	a.Observe(ev3)
 	if a.reserved.pending != 1 || a.ahead["s1"] != r2 || r2.next != nil {
 		t.Errorf("after r3's event: reserved %+v, ahead %v; want r2's alone held", a.reserved, a.ahead)
 	}
@@ -267,9 +266,9 @@ func TestAdmissionPredictsWhatAddsNothing(t *testing.T) {
 	one := &retrydv1.RetryPolicy{MaxRetries: new(uint32(1))}
 	key := testFailure(t, "s1", 1, 1, "SERVER", one).Policy.Key
 	// s1's chain used its one retry, which started; s0 holds the bound.
-	a.observe(log.scheduled("s1", "p", key, "r1", 1, 1, 1))
-	a.observe(log.started("s1", "r1"))
-	a.observe(log.scheduled("s0", "p", key, "r0", 1, 1, 1))
+	a.Observe(log.scheduled("s1", "p", key, "r1", 1, 1, 1))
+	a.Observe(log.started("s1", "r1"))
+	a.Observe(log.scheduled("s0", "p", key, "r0", 1, 1, 1))
 	for _, tc := range []struct {
 		what string
 		f    engine.Failure
@@ -283,7 +282,7 @@ func TestAdmissionPredictsWhatAddsNothing(t *testing.T) {
 		{"a new session", testFailure(t, "s2", 1, 1, "SERVER", one), false},
 		{"another policy in s1", testFailure(t, "s1", 1, 2, "SERVER", &retrydv1.RetryPolicy{}), false},
 	} {
-		r, err := a.admit(tc.f, clock.now())
+		r, err := a.Admit(tc.f, clock.now())
 		if pass := err == nil; pass != tc.pass {
 			t.Errorf("%s: admitted %v (%v), want %v", tc.what, pass, err, tc.pass)
 		}
@@ -300,10 +299,10 @@ func TestAdmissionForget(t *testing.T) {
 	t.Parallel()
 	a, clock := newTestAdmission(t, Limits{PendingRetries: 10, Forget: time.Hour})
 	log := &eventLog{clock: clock}
-	a.observe(log.scheduled("idle", "p", "k", "r1", 1, 1, 1))
-	a.observe(log.started("idle", "r1"))
+	a.Observe(log.scheduled("idle", "p", "k", "r1", 1, 1, 1))
+	a.Observe(log.started("idle", "r1"))
 	clock.t = clock.t.Add(30 * time.Minute)
-	a.observe(log.scheduled("pending", "p", "k", "r2", 1, 1, 1))
+	a.Observe(log.scheduled("pending", "p", "k", "r2", 1, 1, 1))
 	clock.t = clock.t.Add(31 * time.Minute)
 	a.sweep(clock.t)
 	if _, ok := a.sessions["idle"]; ok || len(a.sessions) != 1 || a.logged != (counts{1, 1, 1}) {

@@ -1,39 +1,39 @@
-package service
+// Package admission is retryd's admission control: it bounds the work the
+// service accepts (pending retries, open chains and active sessions, per
+// tenant and in all, and AwaitRetry streams), so that a storm of failures
+// meets a limit before it fills the store. Every bound is checked in the
+// service, before the store sees the request, so a refusal records nothing
+// on any backend; the service turns a Refusal into RESOURCE_EXHAUSTED.
+package admission
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/tenant"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// Admission control. Every bound is checked in the service, before the
-// store sees the request, so a refusal records nothing on any backend.
+// How the bounds are counted.
 //
 // The FailedStep bounds count what the event log says is held: a
 // Scheduled event opens a pending retry (and its chain, when that chain
 // was not open), Started and Cancelled of that retry end it, ChainClosed
 // closes a chain (succeeded, cancelled, exhausted or expired); a session
 // is active while it has an open chain or a pending retry. Delegated
-// events open nothing. The counts are built by Observe, which follows the
-// whole log (on Redis the global one, so every replica converges on the
-// same counts) and starts from the oldest retained event, which rebuilds
-// them after a restart of a durable store.
+// events open nothing. The counts are built by Observe, which the
+// service's event-log follower calls with every event of the whole log
+// (on Redis the global one, so every replica converges on the same
+// counts), from the oldest retained event on, which rebuilds them after a
+// restart of a durable store.
 //
 // The log lags a decision by a moment, so an admitted FailedStep that may
 // add work holds a reservation of what it may add, from the admission
@@ -82,23 +82,18 @@ type Limits struct {
 	Forget time.Duration
 }
 
-// tracks reports whether a FailedStep bound is set, so that the log must
-// be counted.
-func (l Limits) tracks() bool {
+// Tracks reports whether a FailedStep bound is set, so that the log must
+// be counted (see Control.Observe).
+func (l Limits) Tracks() bool {
 	return l.PendingRetriesPerTenant > 0 || l.PendingRetries > 0 || l.OpenChainsPerTenant > 0 ||
 		l.OpenChains > 0 || l.ActiveSessionsPerTenant > 0
 }
 
-// WithLimits turns admission control on (see Limits). FailedStep bounds
-// are counted from the event log by Observe, which must run.
-func WithLimits(l Limits) Option {
-	return optionFunc(func(s *Service) { s.limits = l })
-}
-
-// admissionRetryDelay is the google.rpc.RetryInfo delay of a refusal:
-// long enough for pending retries to start (backoffs are about half a
-// second to ten), short enough not to idle an agent.
-const admissionRetryDelay = time.Second
+// RetryDelay is how long a refused caller should wait before it tries
+// again (the service sends it as google.rpc.RetryInfo): long enough for
+// pending retries to start (backoffs are about half a second to ten),
+// short enough not to idle an agent.
+const RetryDelay = time.Second
 
 // reservationTimeout releases a reservation whose Scheduled event the log
 // never showed (the observer stopped, or the log overran it).
@@ -183,9 +178,9 @@ func (s *trackedSession) at(turn, step uint64) bool {
 	return turn == s.turn && step == s.step
 }
 
-// reservation is what one admitted FailedStep may add, held until the log
+// Reservation is what one admitted FailedStep may add, held until the log
 // shows its decision.
-type reservation struct {
+type Reservation struct {
 	session string
 	tenant  *tenantCounts
 	need    counts
@@ -194,11 +189,11 @@ type reservation struct {
 	// next is the session's next reservation ahead of the log. A session
 	// almost never has two (admit lets a second through only while the
 	// first is undecided), so a list costs no allocation of its own.
-	next *reservation
+	next *Reservation
 }
 
-// admission enforces Limits. A nil *admission admits everything.
-type admission struct {
+// Control enforces Limits. A nil *Control admits everything.
+type Control struct {
 	limits    Limits
 	now       func() time.Time
 	log       *slog.Logger
@@ -222,27 +217,26 @@ type admission struct {
 	// after its sequence — not just any later sequence: a store of
 	// several partitions may show a partition's event late, after later
 	// ones of other partitions — or at its timeout (sweep).
-	ahead     map[string]*reservation
+	ahead     map[string]*Reservation
 	nextSweep time.Time
 }
 
-// newAdmission returns the admission control of l, or nil when l bounds
-// nothing.
-func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.MeterProvider) (*admission, error) {
-	if !l.tracks() && l.AwaitersPerRetry <= 0 && l.Awaiters <= 0 {
+// New returns the admission control of l, or nil when l bounds nothing.
+// now is the admission's clock; its metrics are made with m (nil: none).
+func New(l Limits, now func() time.Time, log *slog.Logger, m metric.Meter) (*Control, error) {
+	if !l.Tracks() && l.AwaitersPerRetry <= 0 && l.Awaiters <= 0 {
 		return nil, nil
 	}
-	a := &admission{
+	a := &Control{
 		limits: l, now: now, log: log,
 		awaiting: make(map[string]int),
 		tenants:  make(map[string]*tenantCounts),
 		sessions: make(map[string]*trackedSession),
-		ahead:    make(map[string]*reservation),
+		ahead:    make(map[string]*Reservation),
 	}
-	if mp == nil {
-		mp = metricnoop.NewMeterProvider()
+	if m == nil {
+		m = metricnoop.NewMeterProvider().Meter("")
 	}
-	m := mp.Meter(instrumentationName)
 	var err error
 	if a.refused, err = m.Int64Counter("retryd.admission.refused", metric.WithUnit("{call}"),
 		metric.WithDescription("Calls refused RESOURCE_EXHAUSTED by admission control, by the bound they met.")); err != nil {
@@ -290,33 +284,39 @@ func newAdmission(l Limits, now func() time.Time, log *slog.Logger, mp metric.Me
 	return a, nil
 }
 
-// refusal is the RESOURCE_EXHAUSTED status of a call that met bound b.
-func (a *admission) refusal(b bound, limit int, subject string, dims map[string]string) error {
-	a.refused.Add(context.Background(), 1, a.boundOpts[b]...)
-	desc := fmt.Sprintf("%s: limit %d reached", bounds[b].what, limit)
-	who := subject
-	if subject == "tenant:" {
-		who = "the default tenant"
-	}
-	msg := "admission refused: " + desc + " for " + who + "; nothing was recorded, try again later"
-	st, err := status.New(codes.ResourceExhausted, msg).WithDetails(
-		&errdetails.ErrorInfo{Reason: "LIMIT_REACHED", Domain: errorDomain,
-			Metadata: map[string]string{"bound": bounds[b].id, "limit": strconv.Itoa(limit)}},
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(admissionRetryDelay)},
-		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{
-			Subject: subject, Description: desc,
-			QuotaId: bounds[b].id, QuotaValue: int64(limit), QuotaDimensions: dims,
-		}}},
-	)
-	if err != nil {
-		return status.Error(codes.ResourceExhausted, msg)
-	}
-	return st.Err()
+// Refusal is a call refused because it met a bound: nothing was
+// recorded, and the caller may try again after RetryDelay.
+type Refusal struct {
+	// Bound names the bound (retryd.admission.refused's bound attribute,
+	// google.rpc.QuotaFailure's quota_id), Limit is its value.
+	Bound string
+	Limit int
+	// Subject is what met it: "server", "tenant:ID" or "retry:ID";
+	// Description says what the bound counts; Dimensions name the tenant
+	// or the retry.
+	Subject, Description string
+	Dimensions           map[string]string
 }
 
-// await counts one AwaitRetry stream of retryID for the caller's scope,
-// or refuses it; call leave when the stream ends.
-func (a *admission) await(scope, retryID string) (leave func(), err error) {
+func (r *Refusal) Error() string {
+	who := r.Subject
+	if who == "tenant:" {
+		who = "the default tenant"
+	}
+	return "admission refused: " + r.Description + " for " + who + "; nothing was recorded, try again later"
+}
+
+// refusal is the refusal of a call that met bound b.
+func (a *Control) refusal(b bound, limit int, subject string, dims map[string]string) error {
+	a.refused.Add(context.Background(), 1, a.boundOpts[b]...)
+	return &Refusal{Bound: bounds[b].id, Limit: limit, Subject: subject,
+		Description: fmt.Sprintf("%s: limit %d reached", bounds[b].what, limit), Dimensions: dims}
+}
+
+// Await counts one AwaitRetry stream of retryID for the caller's scope
+// (the prefix of its tenant's session ids), or refuses it; call leave when
+// the stream ends.
+func (a *Control) Await(scope, retryID string) (leave func(), err error) {
 	if a == nil {
 		return func() {}, nil
 	}
@@ -341,11 +341,11 @@ func (a *admission) await(scope, retryID string) (leave func(), err error) {
 	}, nil
 }
 
-// admit admits a validated failure that arrived at now (the admission's
+// Admit admits a validated failure that arrived at now (the admission's
 // clock) or refuses it. An admitted failure that may add work holds the
-// returned reservation: pass it to decided.
-func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error) {
-	if a == nil || !a.limits.tracks() || f.Policy == nil {
+// returned reservation: pass it to Decided.
+func (a *Control) Admit(f engine.Failure, now time.Time) (*Reservation, error) {
+	if a == nil || !a.limits.Tracks() || f.Policy == nil {
 		return nil, nil // no provider: delegated, nothing is held
 	}
 	req := f.Request
@@ -364,7 +364,7 @@ func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error)
 	if ss == nil {
 		need.sessions = 1
 	}
-	tenantID, _ := SplitSessionID(sid)
+	tenantID, _ := tenant.Split(sid)
 	t := a.tenants[tenantID]
 	if t == nil {
 		t = &tenantCounts{id: tenantID}
@@ -379,7 +379,7 @@ func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error)
 		return nil, a.refusal(b, limit, "tenant:"+tenantID, map[string]string{"tenant": tenantID})
 	}
 	a.tenants[tenantID] = t
-	r := &reservation{session: sid, tenant: t, need: need}
+	r := &Reservation{session: sid, tenant: t, need: need}
 	t.reserved.add(need, 1)
 	a.reserved.add(need, 1)
 	return r, nil
@@ -387,7 +387,7 @@ func (a *admission) admit(f engine.Failure, now time.Time) (*reservation, error)
 
 // over returns the first bound that need would pass: the tenant's before
 // the server's.
-func (a *admission) over(t *tenantCounts, need counts) (bound, int, bool) {
+func (a *Control) over(t *tenantCounts, need counts) (bound, int, bool) {
 	l := a.limits
 	for _, c := range []struct {
 		b                   bound
@@ -423,7 +423,7 @@ func downstreamPhase(d retrydv1.Downstream) retrydv1.Downstream {
 // mayAdd reports whether a failure may schedule a retry, as far as the
 // log shows: false only when it certainly cannot (see the comment at the
 // top of this file). Called at a bound only.
-func (a *admission) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bool {
+func (a *Control) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bool {
 	req, p := f.Request, f.Policy
 	phase := downstreamPhase(req.GetDownstream())
 	var retries uint32
@@ -452,9 +452,9 @@ func (a *admission) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) 
 	return p.Decide(at, now, zeroRand{}).Schedule
 }
 
-// decided ends an admitted failure's admission: its reservation is
+// Decided ends an admitted failure's admission: its reservation is
 // released at once unless it scheduled a retry the log has not shown yet.
-func (a *admission) decided(r *reservation, out engine.FailOutcome, err error) {
+func (a *Control) Decided(r *Reservation, out engine.FailOutcome, err error) {
 	if r == nil {
 		return
 	}
@@ -474,7 +474,7 @@ func (a *admission) decided(r *reservation, out engine.FailOutcome, err error) {
 }
 
 // release gives back what r reserved. r is in no list of ahead.
-func (a *admission) release(r *reservation) {
+func (a *Control) release(r *Reservation) {
 	r.tenant.reserved.add(r.need, -1)
 	a.reserved.add(r.need, -1)
 	a.forgetIdle(r.tenant)
@@ -482,12 +482,12 @@ func (a *admission) release(r *reservation) {
 
 // releaseAhead releases the reservations of session id ahead of the log
 // that ended reports true for.
-func (a *admission) releaseAhead(id string, ended func(*reservation) bool) {
+func (a *Control) releaseAhead(id string, ended func(*Reservation) bool) {
 	head := a.ahead[id]
 	if head == nil {
 		return
 	}
-	var kept *reservation
+	var kept *Reservation
 	for r := head; r != nil; {
 		next := r.next
 		if ended(r) {
@@ -506,33 +506,38 @@ func (a *admission) releaseAhead(id string, ended func(*reservation) bool) {
 }
 
 // forgetIdle drops a tenant that holds and reserves nothing.
-func (a *admission) forgetIdle(t *tenantCounts) {
+func (a *Control) forgetIdle(t *tenantCounts) {
 	if t.logged == (counts{}) && t.reserved == (counts{}) {
 		delete(a.tenants, t.id)
 	}
 }
 
-// observe counts one event of the log, in log order.
-func (a *admission) observe(ev *retrydv1.Event) {
+// Tracks reports whether the FailedStep bounds count the event log: only
+// then must Observe see it.
+func (a *Control) Tracks() bool { return a != nil && a.limits.Tracks() }
+
+// Observe counts one event of the log, in log order: the admission
+// consumer of the service's event-log follower.
+func (a *Control) Observe(ev *retrydv1.Event) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	id, seq := ev.GetSessionId(), ev.GetSequence()
 	if ss := a.apply(ev); ss != nil {
 		ss.seq = max(ss.seq, seq)
 	}
-	a.releaseAhead(id, func(r *reservation) bool { return r.seq <= seq })
+	a.releaseAhead(id, func(r *Reservation) bool { return r.seq <= seq })
 }
 
 // apply changes the counts by one event. It returns the session as the
 // counts track it after the event, or nil when they no longer do.
-func (a *admission) apply(ev *retrydv1.Event) *trackedSession {
+func (a *Control) apply(ev *retrydv1.Event) *trackedSession {
 	id := ev.GetSessionId()
 	ss := a.sessions[id]
 	switch k := ev.GetKind().(type) {
 	case *retrydv1.Event_Scheduled:
 		sc := k.Scheduled
 		if ss == nil {
-			tenantID, _ := SplitSessionID(id)
+			tenantID, _ := tenant.Split(id)
 			t := a.tenants[tenantID]
 			if t == nil {
 				t = &tenantCounts{id: tenantID}
@@ -598,14 +603,14 @@ func (a *admission) apply(ev *retrydv1.Event) *trackedSession {
 }
 
 // hold changes what the log shows t (and everyone) holding.
-func (a *admission) hold(t *tenantCounts, d counts, sign int) {
+func (a *Control) hold(t *tenantCounts, d counts, sign int) {
 	t.logged.add(d, sign)
 	a.logged.add(d, sign)
 }
 
 // untrack forgets a session that holds nothing more (or that the backstop
 // gave up on), with whatever it still held.
-func (a *admission) untrack(id string, ss *trackedSession) {
+func (a *Control) untrack(id string, ss *trackedSession) {
 	held := counts{chains: len(ss.chains), sessions: 1}
 	if ss.pending != "" {
 		held.pending = 1
@@ -616,20 +621,20 @@ func (a *admission) untrack(id string, ss *trackedSession) {
 }
 
 // sweepInterval bounds how often sweep looks for what the log never ended.
-func (a *admission) sweepInterval() time.Duration {
+func (a *Control) sweepInterval() time.Duration {
 	return min(max(a.limits.Forget/16, time.Second), time.Minute)
 }
 
 // sweep releases reservations whose decision the log never showed, and
 // (with Limits.Forget) stops counting sessions whose end it never showed.
 // It looks at most once per sweepInterval.
-func (a *admission) sweep(now time.Time) {
+func (a *Control) sweep(now time.Time) {
 	if now.Before(a.nextSweep) {
 		return
 	}
 	a.nextSweep = now.Add(a.sweepInterval())
 	for id := range a.ahead {
-		a.releaseAhead(id, func(r *reservation) bool { return now.After(r.until) })
+		a.releaseAhead(id, func(r *Reservation) bool { return now.After(r.until) })
 	}
 	forget := a.limits.Forget
 	if forget <= 0 {
@@ -649,49 +654,5 @@ func (a *admission) sweep(now time.Time) {
 	if forgotten > 0 {
 		a.log.Warn("admission control forgot active sessions whose end the event log never showed",
 			"sessions", forgotten, "forget_after", forget)
-	}
-}
-
-// countingStore is the store as Observe follows it: every event of the
-// log is counted for admission control first, and the log is followed
-// again from where it stopped when the store was unavailable for a while.
-type countingStore struct {
-	Store
-	a *admission
-}
-
-// observed returns the store Observe follows.
-func (s *Service) observed() Store {
-	if s.adm == nil || !s.adm.limits.tracks() {
-		return s.store
-	}
-	return countingStore{Store: s.store, a: s.adm}
-}
-
-// observeRetryDelay is how long Observe waits before it follows the log
-// again after the store was unavailable.
-const observeRetryDelay = time.Second
-
-// WatchEvents implements Store.
-func (c countingStore) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	after := req.GetAfterSequence()
-	for {
-		r := proto.CloneOf(req)
-		r.AfterSequence = after
-		err := c.Store.WatchEvents(ctx, r, func(ev *retrydv1.Event) error {
-			c.a.observe(ev)
-			after = max(after, ev.GetSequence())
-			return send(ev)
-		})
-		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
-			return err
-		}
-		c.a.log.Warn("following the event log failed; admission counts wait for it", "err", err,
-			"after_sequence", after, "retry_in", observeRetryDelay)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(observeRetryDelay):
-		}
 	}
 }

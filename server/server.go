@@ -325,11 +325,8 @@ func (s *openedStore) close(log *slog.Logger) {
 }
 
 func openStore(c Config, log *slog.Logger) (*openedStore, error) {
-	mc := memory.Config{
-		ChainTTL:     c.ChainTTL,
-		AbandonGrace: c.AbandonGrace,
-		EventLogSize: c.EventLogSize,
-	}
+	opts := service.StoreOptions{ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize, Log: log}
+	mc := memory.Config{StoreOptions: opts}
 	switch kind, dir := c.StoreKind(); kind {
 	case StoreMemory:
 		s := memory.New(mc)
@@ -341,9 +338,7 @@ func openStore(c Config, log *slog.Logger) (*openedStore, error) {
 		}
 		return &openedStore{Store: s, kind: kind, dir: dir, stop: s.Store.Close, release: s.Close}, nil
 	case "redis":
-		s, err := redis.Open(context.Background(), redis.Config{
-			URL: dir, ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize, Log: log,
-		})
+		s, err := redis.Open(context.Background(), redis.Config{URL: dir, StoreOptions: opts})
 		if err != nil {
 			return nil, fmt.Errorf("server: store: %w", err)
 		}

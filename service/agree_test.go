@@ -566,7 +566,7 @@ func newDeployment(t *testing.T, name string, start time.Time, policies *config.
 	d := &deployment{name: name, open: open, now: start, policies: policies, restartable: restartable,
 		ids: &idBook{seen: map[string]int{}}, books: map[string]*idBook{},
 		latest: map[string]string{}, due: map[string]time.Time{}}
-	d.cfg = memory.Config{
+	d.cfg = memory.Config{StoreOptions: service.StoreOptions{
 		Now: d.clock,
 		NewID: func() string {
 			d.mu.Lock()
@@ -580,7 +580,7 @@ func newDeployment(t *testing.T, name string, start time.Time, policies *config.
 		// jumps does not drive alike.
 		AbandonGrace: 1000 * time.Hour,
 		ChainTTL:     1000 * time.Hour,
-	}
+	}}
 	for range replicas {
 		d.replicas = append(d.replicas, d.start(t))
 	}
@@ -676,7 +676,7 @@ func redisDeployment(t *testing.T, name, url string, partitioned bool, start tim
 	prefix := redistest.Prefix()
 	d := newDeployment(t, name, start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
 		s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix,
-			ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand})
+			StoreOptions: service.StoreOptions{ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand}})
 		if err != nil {
 			t.Fatal(err)
 		}

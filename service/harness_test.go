@@ -75,11 +75,7 @@ var backends = []struct {
 }
 
 func openRedis(t *testing.T, url string, cfg memory.Config) service.Store {
-	s, err := redis.Open(context.Background(), redis.Config{
-		URL: url, KeyPrefix: redistest.Prefix(),
-		ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, EventLogSize: cfg.EventLogSize,
-		Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand,
-	})
+	s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: redistest.Prefix(), StoreOptions: cfg.StoreOptions})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +154,7 @@ func startHarness(t *testing.T, open func(*testing.T, memory.Config) service.Sto
 	if grace == 0 {
 		grace = time.Minute
 	}
-	store := open(t, memory.Config{AbandonGrace: grace})
+	store := open(t, memory.Config{StoreOptions: service.StoreOptions{AbandonGrace: grace}})
 	var opts []service.Option
 	if o.limits != nil {
 		opts = append(opts, service.WithLimits(*o.limits))

@@ -115,9 +115,7 @@ func Open(dir string, cfg memory.Config) (*Store, error) {
 		return nil, fmt.Errorf("file store %s: %w", path, err)
 	}
 	db.MaxBatchDelay = batchDelay
-	if cfg.EventLogSize <= 0 {
-		cfg.EventLogSize = memory.DefaultEventLogSize
-	}
+	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
 	s := &Store{db: db, path: path, retain: uint64(cfg.EventLogSize)}
 	state, err := s.load()
 	if err != nil {

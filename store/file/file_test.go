@@ -3,6 +3,7 @@ package file_test
 import (
 	"context"
 	"errors"
+	"github.com/retryd/retryd/service"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,7 +126,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 func TestEventsAreTrimmed(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	a := open(t, dir, memory.Config{EventLogSize: 5})
+	a := open(t, dir, memory.Config{StoreOptions: service.StoreOptions{EventLogSize: 5}})
 	for step := range uint64(12) {
 		// Each retry is cancelled before the next report.
 		r := failStep(t, a, "s", step+1, 3_600_000)
@@ -150,7 +151,7 @@ func TestEventsAreTrimmed(t *testing.T) {
 	if err != nil || n != 5 {
 		t.Fatalf("the database holds %d events (%v), want 5", n, err)
 	}
-	b := open(t, dir, memory.Config{EventLogSize: 5})
+	b := open(t, dir, memory.Config{StoreOptions: service.StoreOptions{EventLogSize: 5}})
 	got := events(t, b)
 	if len(got) != 5 || len(want) != 5 || got[0].GetSequence() != want[0].GetSequence() || got[4].GetSequence() != want[4].GetSequence() {
 		t.Errorf("reopened log %v, want %v", got, want)

@@ -12,10 +12,8 @@ package memory
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"hash/maphash"
-	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,25 +32,13 @@ var (
 const shardCount = 64
 
 // DefaultEventLogSize is how many events the log retains by default.
-const DefaultEventLogSize = 100_000
+const DefaultEventLogSize = service.DefaultEventLogSize
 
 // Config tunes a Store. Zero fields take the defaults.
 type Config struct {
-	// ChainTTL is how long an idle session (no pending retry) is kept.
-	// Default 1h.
-	ChainTTL time.Duration
-	// AbandonGrace is how long a due retry waits for an awaiter before it is
-	// cancelled as abandoned. Default 60s.
-	AbandonGrace time.Duration
-	// EventLogSize is how many events the log retains. Default
-	// DefaultEventLogSize.
-	EventLogSize int
-	// Now replaces time.Now (tests).
-	Now func() time.Time
-	// NewID replaces the random 128-bit retry id generator (tests).
-	NewID func() string
-	// Rand replaces the jitter source (tests).
-	Rand interface{ Float64() float64 }
+	// StoreOptions are the settings every store takes; the event log
+	// retains exactly EventLogSize events. The store logs nothing.
+	service.StoreOptions
 
 	// Persist, when set, is called after every change of session state and
 	// before anyone can observe it: before the call that made the change
@@ -138,30 +124,9 @@ type indexShard struct {
 func sessionID(s *engine.Session) string { return s.ID }
 func retryID(r *engine.Retry) string     { return r.ID }
 
-type globalRand struct{}
-
-func (globalRand) Float64() float64 { return mrand.Float64() }
-
 // New starts a Store and its timer and expiry goroutines.
 func New(cfg Config) *Store {
-	if cfg.ChainTTL <= 0 {
-		cfg.ChainTTL = time.Hour
-	}
-	if cfg.AbandonGrace <= 0 {
-		cfg.AbandonGrace = time.Minute
-	}
-	if cfg.EventLogSize <= 0 {
-		cfg.EventLogSize = DefaultEventLogSize
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.NewID == nil {
-		cfg.NewID = rand.Text
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = globalRand{}
-	}
+	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
 	s := &Store{
 		cfg:     cfg,
 		seed:    maphash.MakeSeed(),

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"github.com/retryd/retryd/service"
 	"runtime"
 	"strconv"
 	"sync"
@@ -54,7 +55,7 @@ func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *
 func TestExpiryKeepsPendingSessions(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	s := New(Config{ChainTTL: time.Hour, Now: c.Now})
+	s := New(Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: c.Now}})
 	defer s.Close()
 
 	idle := fail(t, s, "idle", 1, 1)
@@ -235,7 +236,7 @@ func BenchmarkPendingChainMemory(b *testing.B) {
 func heapPerSession(b *testing.B, session func(s *Store, i int)) {
 	const sessions = 20_000
 	for range b.N {
-		s := New(Config{EventLogSize: 1})
+		s := New(Config{StoreOptions: service.StoreOptions{EventLogSize: 1}})
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)

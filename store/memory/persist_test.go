@@ -132,7 +132,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	t.Parallel()
 	d := newDisk()
 	var ahead atomic.Int64 // how far the store's clock is ahead of the wall clock
-	s := New(Config{Persist: d.persist, Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
+	s := New(Config{StoreOptions: service.StoreOptions{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }}, Persist: d.persist})
 	defer s.Close()
 	ctx := context.Background()
 
@@ -286,7 +286,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 		t.Fatalf("last sequence %d, want %d", st.LastSequence, wantSeqs[len(wantSeqs)-1])
 	}
 	time.Sleep(20 * time.Millisecond)
-	b := New(Config{Persist: d.persist, Restore: st, AbandonGrace: time.Minute})
+	b := New(Config{StoreOptions: service.StoreOptions{AbandonGrace: time.Minute}, Persist: d.persist, Restore: st})
 	defer b.Close()
 	for id, w := range want {
 		if got := chainsOf(t, b, id); !proto.Equal(got, w) {

@@ -24,8 +24,8 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	s, err := Open(context.Background(), Config{
-		URL: redistest.Shared(t).URL(0), KeyPrefix: redistest.Prefix(), ChainTTL: time.Hour, Now: clock,
+	s, err := Open(context.Background(), Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: clock},
+		URL: redistest.Shared(t).URL(0), KeyPrefix: redistest.Prefix(),
 	})
 	if err != nil {
 		t.Fatal(err)

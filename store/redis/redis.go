@@ -63,11 +63,8 @@ package redis
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"log/slog"
-	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -89,7 +86,7 @@ const (
 )
 
 // DefaultEventLogSize is roughly how many events the global stream keeps.
-const DefaultEventLogSize = 100_000
+const DefaultEventLogSize = service.DefaultEventLogSize
 
 const (
 	// maxAttempts bounds how often a transaction that lost a race is run
@@ -131,21 +128,9 @@ type Config struct {
 	// KeyPrefix is put before every key and channel, so that several
 	// independent retryd deployments (or tests) share one Redis.
 	KeyPrefix string
-	// ChainTTL is how long an idle session is kept. Default 1h.
-	ChainTTL time.Duration
-	// AbandonGrace is how long a due retry waits for an awaiter. Default 60s.
-	AbandonGrace time.Duration
-	// EventLogSize is roughly how many events each stream keeps.
-	EventLogSize int
-	// Now replaces time.Now (tests).
-	Now func() time.Time
-	// NewID replaces the random retry id generator (tests).
-	NewID func() string
-	// Rand replaces the jitter source (tests).
-	Rand interface{ Float64() float64 }
-	// Log receives what the store notices on its own (a session whose
-	// data it cannot read); nil discards it.
-	Log *slog.Logger
+	// StoreOptions are the settings every store takes; EventLogSize is
+	// roughly how many events each stream keeps.
+	service.StoreOptions
 }
 
 // SchemaError is data written by a key layout other than the one this
@@ -199,10 +184,6 @@ type Store struct {
 	wg       sync.WaitGroup
 }
 
-type globalRand struct{}
-
-func (globalRand) Float64() float64 { return mrand.Float64() }
-
 // Open connects to Redis, checks that it answers and that its data has
 // this retryd's schema (writing the schema version into an empty
 // database), and starts the timer poller and the notification subscriber.
@@ -212,27 +193,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || target.own.fsyncAlways
-	if cfg.ChainTTL <= 0 {
-		cfg.ChainTTL = time.Hour
-	}
-	if cfg.AbandonGrace <= 0 {
-		cfg.AbandonGrace = time.Minute
-	}
-	if cfg.EventLogSize <= 0 {
-		cfg.EventLogSize = DefaultEventLogSize
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.NewID == nil {
-		cfg.NewID = rand.Text
-	}
-	if cfg.Rand == nil {
-		cfg.Rand = globalRand{}
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.DiscardHandler)
-	}
+	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
 	var onConnect func(context.Context, *redis.Conn) error
 	if cfg.RequireAppendFsyncAlways {
 		onConnect = requireDurable(target.String())

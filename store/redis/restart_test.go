@@ -213,7 +213,7 @@ func TestOutageGivesGrace(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartWith(t, redistest.Options{AppendOnly: true})
 	const grace = 4 * time.Second
-	s, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), AbandonGrace: grace})
+	s, err := redis.Open(context.Background(), redis.Config{StoreOptions: service.StoreOptions{AbandonGrace: grace}, URL: srv.URL(0)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,9 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // sessions off.
 func openReplica(t testing.TB, url, prefix string, clock *fakeClock, ids *atomic.Int64, decodeAlways bool) *Store {
 	t.Helper()
-	s, err := Open(context.Background(), Config{
-		URL: url, KeyPrefix: prefix, ChainTTL: time.Hour, AbandonGrace: time.Minute, Now: clock.now,
-		NewID: func() string { return fmt.Sprintf("R%d", ids.Add(1)) }, Rand: halfRand{},
+	s, err := Open(context.Background(), Config{URL: url, KeyPrefix: prefix,
+		StoreOptions: service.StoreOptions{ChainTTL: time.Hour, AbandonGrace: time.Minute, Now: clock.now,
+			NewID: func() string { return fmt.Sprintf("R%d", ids.Add(1)) }, Rand: halfRand{}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestStats(t *testing.T) {
 	srv := redistest.Shared(t)
 	prefix := redistest.Prefix()
 	clk := newClock()
-	cfg := redis.Config{URL: srv.URL(0), KeyPrefix: prefix, ChainTTL: time.Hour, Now: clk.Now}
+	cfg := redis.Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: clk.Now}, URL: srv.URL(0), KeyPrefix: prefix}
 	replicas := make([]*redis.Store, 2)
 	for i := range replicas {
 		s, err := redis.Open(context.Background(), cfg)

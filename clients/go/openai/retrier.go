@@ -218,7 +218,13 @@ func (c *call) attempts(step uint64, started *retrydv1.RetryStarted) (*http.Resp
 		}
 		out, rerr := c.report(step, *failure)
 		if rerr != nil {
-			return withHeader(resp, HeaderDelegateDetail, "retryd: "+rerr.Error()), errors.Join(err, rerr)
+			// No decision: hand back what the provider answered (a
+			// RoundTripper returns a response or an error, never both).
+			if resp != nil && err == nil {
+				return withHeader(resp, HeaderDelegateDetail, "retryd: "+rerr.Error()), nil
+			}
+			closeBody(resp)
+			return nil, errors.Join(err, rerr)
 		}
 		if out.Retry {
 			closeBody(resp)

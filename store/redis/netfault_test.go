@@ -176,14 +176,14 @@ func TestBlackholedReplica(t *testing.T) {
 		}
 	}
 	slices.Sort(during)
-	t.Logf("%d calls during the cut: UNAVAILABLE latency %s; %d acknowledged in all", len(during), quantiles(during), len(acked))
+	t.Logf("%d calls during the cut, answered in %s; %d acknowledged in all", len(during), quantiles(during), len(acked))
 	if len(during) == 0 {
 		t.Fatal("no call made during the cut was answered before the heal: calls are held")
 	}
 
 	notServing, ok := health.first(healthpb.HealthCheckResponse_NOT_SERVING, cutAt)
 	if !ok || notServing.After(healedAt) {
-		t.Errorf("health never reported NOT_SERVING during the cut (changes %v)", health.changes)
+		t.Error("health never reported NOT_SERVING during the cut")
 	} else {
 		t.Logf("NOT_SERVING %v after the cut", notServing.Sub(cutAt).Round(time.Millisecond))
 		// The server probes about once a second, each probe bounded.
@@ -193,7 +193,7 @@ func TestBlackholedReplica(t *testing.T) {
 	}
 	serving, ok := health.first(healthpb.HealthCheckResponse_SERVING, healedAt)
 	if !ok {
-		t.Errorf("health did not report SERVING within 3 s of the heal (changes %v)", health.changes)
+		t.Error("health did not report SERVING within 3 s of the heal")
 	} else {
 		t.Logf("SERVING %v after the heal", serving.Sub(healedAt).Round(time.Millisecond))
 	}

@@ -22,6 +22,7 @@ import (
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/await"
 )
 
 var (
@@ -354,71 +355,111 @@ func (s *Store) Due(retryID string) (time.Time, bool) {
 	return r.Due(), true
 }
 
-// AwaitRetry implements service.Store.
+// AwaitRetry implements service.Store: the protocol of package await,
+// over this store's primitives (awaitStore).
 func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	r, err := s.lookup(scope, retryID)
+	return await.Retry(ctx, &awaitStore{s: s}, s.cfg.Now, scope, retryID, send)
+}
+
+// awaitStore is the store as the await protocol sees it, for one stream:
+// r is the retry Look found. A retry is read under its session's shard
+// lock.
+type awaitStore struct {
+	s *Store
+	r *engine.Retry
+}
+
+// view reads r; the shard lock is held.
+func view(r *engine.Retry) await.View {
+	return await.View{State: r.State(), Terminal: r.Terminal(), Due: r.Due()}
+}
+
+// Look implements await.Store.
+func (a *awaitStore) Look(_ context.Context, scope, retryID string) (await.View, error) {
+	r, err := a.s.lookup(scope, retryID)
 	if err != nil {
-		return err
+		return await.View{}, err
 	}
+	a.r = r
+	sh, _ := a.s.shardOf(r.SessionID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return view(r), nil
+}
+
+// Attach implements await.Store. A retry that ended meanwhile counts no
+// awaiter: its awaiter only reports the end.
+func (a *awaitStore) Attach(context.Context) (await.Awaiter, await.View, error) {
+	s, r := a.s, a.r
 	sh, h := s.shardOf(r.SessionID)
 	sh.mu.Lock()
-	term := r.Terminal()
-	watching := term == nil
-	if watching {
-		r.Awaiters++
-		s.awaiters.Add(1)
+	defer sh.mu.Unlock()
+	if term := r.Terminal(); term != nil {
+		return ended{term}, view(r), nil
 	}
-	state := r.State()
-	if sess := sh.sessions.get(h, r.SessionID); watching && sess != nil && !s.cfg.Now().Before(r.Due()) {
-		// Due already, and now an agent is here: this is the start. The
-		// stream still reports the pending state first, then Started.
-		cp := s.checkpoint(sess)
-		if ev, ok := sess.Start(s.env(), r); !ok {
-			s.held(r)
-		} else {
-			if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
-				// Not started: the agent awaits again; the abandon timer
-				// still runs.
-				r.Awaiters--
-				sh.mu.Unlock()
-				s.awaiters.Add(-1)
-				return err
-			}
-		}
-	}
-	var done <-chan struct{}
-	if watching {
-		done = r.Done() // made under the lock; received from without it
-	}
-	sh.mu.Unlock()
+	r.Awaiters++
+	s.awaiters.Add(1)
+	// done is made under the lock; received from without it.
+	return &awaiter{s: s, sh: sh, h: h, r: r, done: r.Done()}, view(r), nil
+}
 
-	leave := func() {
-		sh.mu.Lock()
-		r.Awaiters--
-		sh.mu.Unlock()
-		s.awaiters.Add(-1)
+// awaiter is one stream counted in its retry's Awaiters.
+type awaiter struct {
+	s    *Store
+	sh   *shard
+	h    uint64 // the session id's hash (see shardOf)
+	r    *engine.Retry
+	done <-chan struct{}
+}
+
+// Start implements await.Awaiter.
+func (a *awaiter) Start(context.Context) error {
+	s, r := a.s, a.r
+	a.sh.mu.Lock()
+	defer a.sh.mu.Unlock()
+	sess := a.sh.sessions.get(a.h, r.SessionID)
+	if sess == nil || r.Terminal() != nil || s.cfg.Now().Before(r.Due()) {
+		return nil
 	}
-	if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: state}}); err != nil {
-		if watching {
-			leave()
-		}
-		return err
+	cp := s.checkpoint(sess)
+	ev, ok := sess.Start(s.env(), r)
+	if !ok {
+		s.held(r)
+		return nil
 	}
-	if !watching {
-		return send(term)
-	}
+	// Not recorded: not started; the agent awaits again, the abandon
+	// timer still runs.
+	return s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}})
+}
+
+// Wait implements await.Awaiter.
+func (a *awaiter) Wait(ctx context.Context) (*retrydv1.AwaitRetryResponse, error) {
 	select {
-	case <-done:
-		leave()
-		return send(r.Terminal())
+	case <-a.done:
+		return a.r.Terminal(), nil
 	case <-ctx.Done():
-		leave()
-		return ctx.Err()
-	case <-s.closing:
-		leave()
-		return send(r.ShutdownCancelled())
+		return nil, ctx.Err()
+	case <-a.s.closing:
+		return a.r.ShutdownCancelled(), nil
 	}
 }
+
+// Detach implements await.Awaiter.
+func (a *awaiter) Detach() {
+	a.sh.mu.Lock()
+	a.r.Awaiters--
+	a.sh.mu.Unlock()
+	a.s.awaiters.Add(-1)
+}
+
+// ended is the awaiter of a retry that ended before it attached.
+type ended struct{ term *retrydv1.AwaitRetryResponse }
+
+func (ended) Start(context.Context) error { return nil }
+
+func (e ended) Wait(context.Context) (*retrydv1.AwaitRetryResponse, error) { return e.term, nil }
+
+func (ended) Detach() {}
 
 // CancelRetry implements service.Store.
 func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {

@@ -39,12 +39,15 @@ const (
 	awaiterRenew = 2 * time.Second
 )
 
-// awaiter is one AwaitRetry stream's entry in its session's awaiter hash.
+// awaiter is one AwaitRetry stream's entry in its session's awaiter hash,
+// and its hold on the retry (see awaitStore).
 type awaiter struct {
 	s       *Store
 	key     string
 	field   string
 	renewed time.Time
+
+	sessionID, retryID string
 }
 
 // awaiterField names one stream's entry: retry ids never hold a space.
@@ -107,13 +110,13 @@ func (a *awaiter) renewIfDue(ctx context.Context) error {
 	return a.renew(ctx)
 }
 
-// detach deletes the entry. It runs when the stream ends, also when the
-// caller left, so it has a context of its own, bounded by unavailable_after
-// since the stream's end waits for it; if Redis cannot be reached the
-// entry stops counting when its lease ends.
-func (a *awaiter) detach(ctx context.Context) {
+// Detach implements await.Awaiter: it deletes the entry. It runs when the
+// stream ends, also when the caller left, so it has a context of its own,
+// bounded by unavailable_after since the stream's end waits for it; if
+// Redis cannot be reached the entry stops counting when its lease ends.
+func (a *awaiter) Detach() {
 	a.s.awaiting.Add(-1)
-	dctx, cancel := a.s.bounded(context.WithoutCancel(ctx))
+	dctx, cancel := a.s.bounded(context.Background())
 	defer cancel()
 	a.s.rdb.HDel(dctx, a.key, a.field)
 }

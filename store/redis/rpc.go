@@ -10,6 +10,7 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/await"
 )
 
 // The service.Store calls, each a transition committed by update.
@@ -83,68 +84,90 @@ func (s *Store) retry(ctx context.Context, sessionID, retryID string) (*engine.R
 	return r, nil
 }
 
-// AwaitRetry implements service.Store.
+// AwaitRetry implements service.Store: the protocol of package await,
+// over this store's primitives (awaitStore).
 func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	sessionID, err := s.sessionOf(ctx, scope, retryID)
+	return await.Retry(ctx, &awaitStore{s: s}, s.cfg.Now, scope, retryID, send)
+}
+
+// awaitStore is the store as the await protocol sees it, for one stream
+// of the retry Look found: a retry is read from its session's key, an
+// awaiter is a leased entry in the session's awaiter hash (awaiters.go),
+// and a start is the timer's transition (fire).
+type awaitStore struct {
+	s                  *Store
+	sessionID, retryID string
+}
+
+func view(r *engine.Retry) await.View {
+	return await.View{State: r.State(), Terminal: r.Terminal(), Due: r.Due()}
+}
+
+// Look implements await.Store.
+func (a *awaitStore) Look(ctx context.Context, scope, retryID string) (await.View, error) {
+	sessionID, err := a.s.sessionOf(ctx, scope, retryID)
 	if err != nil {
-		return err
+		return await.View{}, err
 	}
+	a.sessionID, a.retryID = sessionID, retryID
+	r, err := a.s.retry(ctx, sessionID, retryID)
+	if err != nil {
+		return await.View{}, err
+	}
+	return view(r), nil
+}
+
+// Attach implements await.Store: the retry is read again once the
+// awaiter's entry is written, so that its count includes this stream.
+func (a *awaitStore) Attach(ctx context.Context) (await.Awaiter, await.View, error) {
+	s, sessionID, retryID := a.s, a.sessionID, a.retryID
+	aw, err := s.attach(ctx, sessionID, retryID)
+	if err != nil {
+		return nil, await.View{}, err
+	}
+	aw.sessionID, aw.retryID = sessionID, retryID
 	r, err := s.retry(ctx, sessionID, retryID)
 	if err != nil {
-		return err
+		aw.Detach()
+		return nil, await.View{}, err
 	}
-	if term := r.Terminal(); term != nil {
-		if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: r.State()}}); err != nil {
-			return err
-		}
-		return send(term)
-	}
-	a, err := s.attach(ctx, sessionID, retryID)
-	if err != nil {
-		return err
-	}
-	defer a.detach(ctx)
-	// Read again: the count now includes this stream, and the retry may
-	// have ended in between (then the loop below sends its end).
-	if r, err = s.retry(ctx, sessionID, retryID); err != nil {
-		return err
-	}
-	state := r.State()
-	if r.Terminal() == nil && !s.cfg.Now().Before(r.Due()) {
-		// Due already, and now an agent is here: this is the start. The
-		// stream still reports the pending state first, then Started.
-		if err := s.fire(ctx, sessionID, retryID); err != nil {
-			return err
-		}
-	}
-	if err := send(&retrydv1.AwaitRetryResponse{Message: &retrydv1.AwaitRetryResponse_State{State: state}}); err != nil {
-		return err
-	}
+	return aw, view(r), nil
+}
+
+// Start implements await.Awaiter.
+func (a *awaiter) Start(ctx context.Context) error { return a.s.fire(ctx, a.sessionID, a.retryID) }
+
+// Wait implements await.Awaiter: it reads the retry whenever a
+// notification says its session changed, or every recheckInterval (a
+// notification lost while the subscription reconnected), renewing the
+// awaiter's lease as it goes.
+func (a *awaiter) Wait(ctx context.Context) (*retrydv1.AwaitRetryResponse, error) {
+	s := a.s
 	recheck := time.NewTicker(recheckInterval)
 	defer recheck.Stop()
 	for {
-		notified, release := s.notify.watch(sessionID)
+		notified, release := s.notify.watch(a.sessionID)
 		if err := a.renewIfDue(ctx); err != nil {
 			release()
-			return err
+			return nil, err
 		}
-		r, err := s.retry(ctx, sessionID, retryID)
+		r, err := s.retry(ctx, a.sessionID, a.retryID)
 		if err != nil {
 			release()
-			return err
+			return nil, err
 		}
 		if term := r.Terminal(); term != nil {
 			release()
-			return send(term)
+			return term, nil
 		}
 		if !s.cfg.Now().Before(r.Due()) {
 			// Due and still pending although this stream awaits it: its
 			// timer found no live awaiter (this one's lease had run out
 			// while it was late). Start it now rather than at the abandon
 			// timer.
-			if err := s.fire(ctx, sessionID, retryID); err != nil {
+			if err := s.fire(ctx, a.sessionID, a.retryID); err != nil {
 				release()
-				return err
+				return nil, err
 			}
 		}
 		select {
@@ -152,10 +175,10 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 		case <-recheck.C:
 		case <-ctx.Done():
 			release()
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-s.closing:
 			release()
-			return send(r.ShutdownCancelled())
+			return r.ShutdownCancelled(), nil
 		}
 		release()
 	}

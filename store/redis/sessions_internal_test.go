@@ -186,7 +186,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		}
 		clock.advance(2 * time.Second)
 		record("fire (awaited)", nil, a.fire(ctx, "s1", r))
-		aw.detach(ctx)
+		aw.Detach()
 		get("s1")
 
 		// An abandonment, then an expiry and a new session of the same id.

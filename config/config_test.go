@@ -374,3 +374,30 @@ func flatten(err error) []error {
 	}
 	return []error{err}
 }
+
+// TestFleetChange names the fleet block a new file changes, and nothing
+// when only policies changed.
+func TestFleetChange(t *testing.T) {
+	t.Parallel()
+	parse := func(s string) *config.Policies {
+		t.Helper()
+		ps, err := config.Parse([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ps
+	}
+	start := parse("fleet: {capacity: 10}\nproviders:\n  openai:\n    fleet: {minSamples: 5}\n")
+	for _, tc := range []struct{ file, want string }{
+		{"fleet: {capacity: 10}\nproviders:\n  openai:\n    fleet: {minSamples: 5}\n    retryPolicy: {maxRetries: 2}\n", ""},
+		{"fleet: {capacity: 11}\nproviders:\n  openai:\n    fleet: {minSamples: 5}\n", "fleet"},
+		{"providers:\n  openai:\n    fleet: {minSamples: 5}\n", "fleet"},
+		{"fleet: {capacity: 10}\nproviders:\n  openai:\n    fleet: {minSamples: 6}\n", "providers.openai.fleet"},
+		{"fleet: {capacity: 10}\n", "providers.openai.fleet"},
+		{"fleet: {capacity: 10}\nproviders:\n  openai:\n    fleet: {minSamples: 5}\n  relay:\n    fleet: {}\n", "providers.relay.fleet"},
+	} {
+		if got := start.FleetChange(parse(tc.file)); got != tc.want {
+			t.Errorf("%q: FleetChange = %q, want %q", tc.file, got, tc.want)
+		}
+	}
+}

@@ -158,3 +158,25 @@ func (ps *Policies) Fleet(provider string) (fleet.Config, bool) {
 	}
 	return fleet.Config{}, false
 }
+
+// FleetChange names the first fleet block in which next differs from ps
+// ("fleet" or "providers.NAME.fleet"), or returns "" when they protect the
+// same providers alike. A server reloading its policy file keeps the fleet
+// protection it started with (its budgets and circuits are built from it),
+// so it refuses a file whose fleet blocks changed.
+func (ps *Policies) FleetChange(next *Policies) string {
+	if (ps.fleet == nil) != (next.fleet == nil) || ps.fleet != nil && *ps.fleet != *next.fleet {
+		return "fleet"
+	}
+	for _, name := range sortedKeys(ps.providerFleet) {
+		if c, ok := next.providerFleet[name]; !ok || c != ps.providerFleet[name] {
+			return "providers." + name + ".fleet"
+		}
+	}
+	for _, name := range sortedKeys(next.providerFleet) {
+		if _, ok := ps.providerFleet[name]; !ok {
+			return "providers." + name + ".fleet"
+		}
+	}
+	return ""
+}

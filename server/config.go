@@ -26,6 +26,10 @@ type Config struct {
 	// ConfigFile is the YAML policy file; empty means built-in defaults only
 	// (flag --config, env RETRYD_CONFIG).
 	ConfigFile string
+	// ConfigReloadInterval is how often the policy file is checked for a
+	// change (flag --config-reload-interval, env
+	// RETRYD_CONFIG_RELOAD_INTERVAL).
+	ConfigReloadInterval time.Duration
 	// ChainTTL is how long an idle session's chains are kept (flag
 	// --chain-ttl, env RETRYD_CHAIN_TTL).
 	ChainTTL time.Duration
@@ -186,6 +190,8 @@ func DefaultConfig() Config {
 		LogFormat:       "text",
 		Store:           StoreMemory,
 
+		ConfigReloadInterval: 5 * time.Second,
+
 		TLSReloadInterval:     5 * time.Second,
 		MaxRecvMsgBytes:       1 << 20,
 		MaxConcurrentStreams:  1000,
@@ -212,7 +218,8 @@ func DefaultConfig() Config {
 // by the flag's own parser, so a bad value is reported with its variable.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "gRPC listen address (env RETRYD_LISTEN)")
-	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML policy file (env RETRYD_CONFIG)")
+	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML policy file, reloaded when it changes (env RETRYD_CONFIG)")
+	fs.DurationVar(&c.ConfigReloadInterval, "config-reload-interval", c.ConfigReloadInterval, "how often the policy file is checked for a change (env RETRYD_CONFIG_RELOAD_INTERVAL)")
 	fs.DurationVar(&c.ChainTTL, "chain-ttl", c.ChainTTL, "how long an idle session's chains are kept (env RETRYD_CHAIN_TTL)")
 	fs.DurationVar(&c.AbandonGrace, "abandon-grace", c.AbandonGrace, "how long a due retry waits for an awaiter (env RETRYD_ABANDON_GRACE)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "bound on the graceful stop after SIGTERM (env RETRYD_SHUTDOWN_TIMEOUT)")
@@ -248,17 +255,18 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 // EnvNames maps each flag to its environment variable.
 var EnvNames = map[string]string{
-	"listen":           "RETRYD_LISTEN",
-	"config":           "RETRYD_CONFIG",
-	"chain-ttl":        "RETRYD_CHAIN_TTL",
-	"abandon-grace":    "RETRYD_ABANDON_GRACE",
-	"shutdown-timeout": "RETRYD_SHUTDOWN_TIMEOUT",
-	"event-log-size":   "RETRYD_EVENT_LOG_SIZE",
-	"log-level":        "RETRYD_LOG_LEVEL",
-	"log-format":       "RETRYD_LOG_FORMAT",
-	"metrics-listen":   "RETRYD_METRICS_LISTEN",
-	"pprof":            "RETRYD_PPROF",
-	"store":            "RETRYD_STORE",
+	"listen":                 "RETRYD_LISTEN",
+	"config":                 "RETRYD_CONFIG",
+	"config-reload-interval": "RETRYD_CONFIG_RELOAD_INTERVAL",
+	"chain-ttl":              "RETRYD_CHAIN_TTL",
+	"abandon-grace":          "RETRYD_ABANDON_GRACE",
+	"shutdown-timeout":       "RETRYD_SHUTDOWN_TIMEOUT",
+	"event-log-size":         "RETRYD_EVENT_LOG_SIZE",
+	"log-level":              "RETRYD_LOG_LEVEL",
+	"log-format":             "RETRYD_LOG_FORMAT",
+	"metrics-listen":         "RETRYD_METRICS_LISTEN",
+	"pprof":                  "RETRYD_PPROF",
+	"store":                  "RETRYD_STORE",
 
 	"tls-cert":                 "RETRYD_TLS_CERT",
 	"tls-key":                  "RETRYD_TLS_KEY",
@@ -328,6 +336,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	checkAddr("listen", c.Listen)
+	if c.ConfigReloadInterval < minConfigReloadInterval {
+		bad("config-reload-interval", c.ConfigReloadInterval.String(), "must be at least "+minConfigReloadInterval.String())
+	}
 	if c.MetricsListen != "" {
 		checkAddr("metrics-listen", c.MetricsListen)
 	}

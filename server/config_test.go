@@ -67,3 +67,46 @@ func TestStoreSetting(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigReloadInterval: the policy file's poll interval comes from its
+// flag or variable, and one under the minimum is refused by name.
+func TestConfigReloadInterval(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env, flag string
+		bad       bool
+	}{
+		{env: "2s"},
+		{flag: "100ms"},
+		{env: "50ms", bad: true},
+		{flag: "0s", bad: true},
+	} {
+		c := DefaultConfig()
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.RegisterFlags(fs)
+		if err := ApplyEnv(fs, func(k string) string {
+			if k == "RETRYD_CONFIG_RELOAD_INTERVAL" {
+				return tc.env
+			}
+			return ""
+		}); err != nil {
+			t.Fatal(err)
+		}
+		var args []string
+		if tc.flag != "" {
+			args = []string{"--config-reload-interval", tc.flag}
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Validate()
+		var fe *FieldError
+		if got := errors.As(err, &fe) && fe.Field == "config-reload-interval"; got != tc.bad {
+			t.Errorf("env %q flag %q: Validate() = %v, want refused by name: %v", tc.env, tc.flag, err, tc.bad)
+		}
+		if !tc.bad && c.ConfigReloadInterval.String() != tc.env+tc.flag {
+			t.Errorf("env %q flag %q: interval %v", tc.env, tc.flag, c.ConfigReloadInterval)
+		}
+	}
+}

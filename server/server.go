@@ -55,13 +55,16 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		return err
 	}
 	setMemoryLimit(ctx, c.MemoryLimitRatio, log)
-	policies := config.Default()
+	currentPolicies := config.Default
+	var policySrc *policySource
 	if c.ConfigFile != "" {
 		var err error
-		if policies, err = config.Load(c.ConfigFile); err != nil {
+		if policySrc, err = newPolicySource(c.ConfigFile, log); err != nil {
 			return err
 		}
+		currentPolicies = policySrc.Current
 	}
+	policies := currentPolicies()
 	tel, err := telemetry.Setup(ctx, Version, getenv)
 	if err != nil {
 		return err
@@ -128,8 +131,14 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	if metricsLis != nil {
 		meter = tel.Meter
 	}
+	if policySrc != nil {
+		if err := policySrc.registerMetrics(meter); err != nil {
+			store.stop()
+			return fmt.Errorf("server: metrics: %w", err)
+		}
+	}
 	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
-		service.WithPolicies(policies), service.WithLogger(log),
+		service.WithPolicySource(currentPolicies), service.WithLogger(log),
 		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(meter),
 		service.WithLimits(c.Limits()))
 	if err != nil {
@@ -173,6 +182,10 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}()
 	authWatched := watchAuth(watchCtx, creds, c.AuthReloadInterval)
+	policiesWatched := closedChan()
+	if policySrc != nil {
+		policiesWatched = policySrc.watch(watchCtx, c.ConfigReloadInterval)
+	}
 
 	observeCtx, stopObserving := context.WithCancel(context.Background())
 	observed := make(chan struct{})
@@ -255,6 +268,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	stopWatching()
 	<-watched
 	<-authWatched
+	<-policiesWatched
 	stopObserving()
 	<-observed
 	if metricsSrv != nil {

@@ -58,8 +58,11 @@ var ErrUnavailable = errors.New("retryd's store is unavailable; nothing was reco
 type Service struct {
 	retrydv1.UnimplementedRetryServiceServer
 
-	store    Store
+	store Store
+	// policies are those of the start, which fleet protection keeps;
+	// current returns those in force for the next failure.
 	policies *config.Policies
+	current  func() *config.Policies
 	log      *slog.Logger
 	now      func() time.Time
 	tp       trace.TracerProvider
@@ -89,6 +92,16 @@ func (f optionFunc) apply(s *Service) { f(s) }
 // WithPolicies sets the server-configured policies (named and per provider).
 func WithPolicies(p *config.Policies) Option {
 	return optionFunc(func(s *Service) { s.policies = p })
+}
+
+// WithPolicySource makes current the source of the server-configured
+// policies: each failure is decided with the policies current returns
+// when it arrives, so a reloaded policy file applies to the failures
+// that follow. A retry already decided keeps the policy it was decided
+// with (its chain carries it). Fleet protection stays as current first
+// returned it.
+func WithPolicySource(current func() *config.Policies) Option {
+	return optionFunc(func(s *Service) { s.current = current })
 }
 
 // WithLogger sets the logger.
@@ -126,6 +139,12 @@ func New(store Store, opts ...Option) (*Service, error) {
 		inline: policy.NewCache(0), shared: newInterner()}
 	for _, o := range opts {
 		o.apply(s)
+	}
+	if s.current != nil {
+		s.policies = s.current()
+	} else {
+		start := s.policies
+		s.current = func() *config.Policies { return start }
 	}
 	dues, _ := store.(DueSource)
 	tel, err := newTelemetry(s.tp, s.mp, dues)
@@ -201,6 +220,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest, now time.Time) (engin
 		}
 	}
 	var p *policy.Policy
+	policies := s.current()
 	switch src := req.GetPolicySource().(type) {
 	case *retrydv1.FailedStepRequest_Policy:
 		var err error
@@ -208,7 +228,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest, now time.Time) (engin
 			v.policy("policy", err)
 		}
 	case *retrydv1.FailedStepRequest_PolicyName:
-		named, known := s.policies.Named(src.PolicyName)
+		named, known := policies.Named(src.PolicyName)
 		switch {
 		case src.PolicyName == "":
 			v.add("policy_name", "must not be empty when set")
@@ -221,7 +241,7 @@ func (s *Service) failure(req *retrydv1.FailedStepRequest, now time.Time) (engin
 		}
 	default:
 		if req.GetProvider() != "" {
-			p = s.policies.ForProvider(req.GetProvider())
+			p = policies.ForProvider(req.GetProvider())
 		}
 	}
 	if err := v.err(); err != nil {

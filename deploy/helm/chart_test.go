@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -1105,10 +1103,10 @@ func TestTemplate(t *testing.T) {
 	checksums := map[string]string{}
 	var mu sync.Mutex
 	t.Cleanup(func() {
-		// Different policy files must give different checksums, so pods
-		// roll when the ConfigMap changes.
+		// Different fleet blocks must give different checksums, so pods
+		// roll when fleet protection changes (retryd reads it at start).
 		if checksums["defaults.yaml"] != "" && checksums["defaults.yaml"] == checksums["policies.yaml"] {
-			t.Errorf("checksum/config is the same for different policy files")
+			t.Errorf("checksum/fleet is the same for different fleet blocks")
 		}
 	})
 	for _, f := range goodValues(t) {
@@ -1125,7 +1123,7 @@ func TestTemplate(t *testing.T) {
 				want.extra(t, r)
 			}
 			mu.Lock()
-			checksums[name] = r.workload().pod.Annotations["checksum/config"]
+			checksums[name] = r.workload().pod.Annotations["checksum/fleet"]
 			mu.Unlock()
 		})
 	}
@@ -1176,10 +1174,13 @@ func checkCommon(t *testing.T, r *rendered, want expectation) {
 		t.Errorf("%s selector %v does not match its pod labels %v", w.kind, selector, w.pod.Labels)
 	}
 
-	// The checksum is the policy file's: the pods roll when it changes.
-	sum := sha256.Sum256([]byte(strings.TrimSuffix(r.policyFile(t), "\n")))
-	if got := w.pod.Annotations["checksum/config"]; got != hex.EncodeToString(sum[:]) {
-		t.Errorf("checksum/config = %q, want sha256 of config.yaml %x", got, sum)
+	// retryd reloads the policy file in place: no checksum of it rolls
+	// the pods; only the fleet blocks, read at start, do.
+	if got, ok := w.pod.Annotations["checksum/config"]; ok {
+		t.Errorf("checksum/config = %q: a policy change would roll the pods", got)
+	}
+	if got := w.pod.Annotations["checksum/fleet"]; len(got) != 64 {
+		t.Errorf("checksum/fleet = %q, want a SHA-256", got)
 	}
 
 	spec := w.pod.Spec
@@ -2171,4 +2172,44 @@ func listServices(ctx context.Context, conn *grpc.ClientConn) ([]string, error) 
 		names = append(names, s.GetName())
 	}
 	return names, nil
+}
+
+// TestPolicyChangeKeepsPods: a values change of the policies alone leaves
+// the pod template as it was (retryd reloads the file in place, and
+// Kubernetes updates the mounted ConfigMap); a change of a fleet block,
+// which retryd reads only at start, changes it, so the pods roll.
+func TestPolicyChangeKeepsPods(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	base := "providers:\n  openai:\n    retryPolicy: {maxRetries: 2}\n    fleet: {capacity: 20}\n"
+	policyChanged := "policies:\n  relay: {mode: schedule, schedule: [1000]}\n" +
+		"providers:\n  openai:\n    retryPolicy: {maxRetries: 5}\n    fleet: {capacity: 20}\n"
+	fleetChanged := "providers:\n  openai:\n    retryPolicy: {maxRetries: 2}\n    fleet: {capacity: 30}\n"
+	template := func(name, values string) (podTemplate string, policyFile string) {
+		r := render(t, write(name+".yaml", values))
+		b, err := json.Marshal(r.workload().pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b), r.policyFile(t)
+	}
+	pod, file := template("base", base)
+	pod2, file2 := template("policy-changed", policyChanged)
+	pod3, _ := template("fleet-changed", fleetChanged)
+	if file == file2 {
+		t.Fatal("the policy change did not change the policy file")
+	}
+	if pod != pod2 {
+		t.Errorf("a policy change alters the pod template (the pods would roll):\n%s\n%s", pod, pod2)
+	}
+	if pod == pod3 {
+		t.Errorf("a fleet change leaves the pod template as it was (the pods would not roll)")
+	}
 }

@@ -34,6 +34,13 @@ type Config[In, T any] struct {
 	// reload and a reload that failed; Attrs lead every failure's line.
 	Loaded, Reloaded, Failed string
 	Attrs                    []any
+	// Describe, if set, adds attributes of a build error to its failure
+	// line (such as the field it names).
+	Describe func(error) []any
+	// Result, if set, learns the outcome of every reload that tried new
+	// content or met a new read error: nil when the new value serves,
+	// the error when the last good one stays.
+	Result func(error)
 }
 
 // Source serves the last value that built.
@@ -110,9 +117,19 @@ func (s *Source[In, T]) Reload() bool {
 	}
 	s.current.Store(v)
 	s.cfg.Log.Info(s.cfg.Reloaded, attrs...)
+	if s.cfg.Result != nil {
+		s.cfg.Result(nil)
+	}
 	return true
 }
 
 func (s *Source[In, T]) failed(err error) {
-	s.cfg.Log.Warn(s.cfg.Failed, append(append([]any(nil), s.cfg.Attrs...), "err", err)...)
+	attrs := append(append([]any(nil), s.cfg.Attrs...), "err", err)
+	if s.cfg.Describe != nil {
+		attrs = append(attrs, s.cfg.Describe(err)...)
+	}
+	s.cfg.Log.Warn(s.cfg.Failed, attrs...)
+	if s.cfg.Result != nil {
+		s.cfg.Result(err)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 func TestSource(t *testing.T) {
 	content, readErr := "1", error(nil)
 	builds := 0
+	var results []string
 	var logs bytes.Buffer
 	src, err := reload.New(reload.Config[string, int]{
 		Read: func() (string, [sha256.Size]byte, error) {
@@ -33,6 +35,14 @@ func TestSource(t *testing.T) {
 		},
 		Log:    slog.New(slog.NewTextHandler(&logs, nil)),
 		Loaded: "loaded", Reloaded: "reloaded", Failed: "reload failed", Attrs: []any{"file", "f"},
+		Describe: func(error) []any { return []any{"described", true} },
+		Result: func(err error) {
+			r := "ok"
+			if err != nil {
+				r = err.Error()
+			}
+			results = append(results, r)
+		},
 	})
 	if err != nil || *src.Current() != 1 {
 		t.Fatalf("New: %v %v", src, err)
@@ -58,6 +68,12 @@ func TestSource(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "reload failed"); n != 2 || !strings.Contains(logs.String(), "file=f") {
 		t.Errorf("%d failure lines, want 2 (one per distinct failure) naming the file:\n%s", n, &logs)
+	}
+	if n := strings.Count(logs.String(), "described=true"); n != 2 {
+		t.Errorf("%d failure lines carry Describe's attributes, want 2:\n%s", n, &logs)
+	}
+	if want := []string{`strconv.Atoi: parsing "two": invalid syntax`, "gone", "ok"}; !slices.Equal(results, want) {
+		t.Errorf("Result saw %q, want %q (each tried content or new read error once)", results, want)
 	}
 	if builds != 3 {
 		t.Errorf("%d builds, want 3 (the first, the bad content once, the new content)", builds)

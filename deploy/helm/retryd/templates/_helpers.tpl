@@ -322,6 +322,21 @@ The policy file passed with --config, built from the policies, providers,
 defaultPolicy and fleet values (defaultPolicy only when set, fleet only when
 not null: an empty fleet block protects every provider with the defaults).
 */}}
+{{/*
+The fleet blocks of the policy file (the top-level fleet and every
+provider's): what retryd reads only at start, so the pod template carries
+their checksum and rolls when they change. Policies reload in place.
+*/}}
+{{- define "retryd.fleetSettings" -}}
+{{- $providers := dict -}}
+{{- range $name, $p := .Values.providers -}}
+{{- if and (kindIs "map" $p) (hasKey $p "fleet") -}}
+{{- $_ := set $providers $name $p.fleet -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml (dict "fleet" .Values.fleet "providers" $providers) -}}
+{{- end }}
+
 {{- define "retryd.policyFile" -}}
 policies:
 {{- if .Values.policies }}

@@ -6,7 +6,10 @@ from the Deployment only in its own fields.
 {{- define "retryd.podTemplate" -}}
 metadata:
   annotations:
-    checksum/config: {{ include "retryd.policyFile" . | sha256sum }}
+    {{- /* The policy file is reloaded in place (--config is polled), so a
+    policy change does not roll the pods; fleet protection is set at start,
+    so a change of a fleet block does. */}}
+    checksum/fleet: {{ include "retryd.fleetSettings" . | sha256sum }}
     {{- with .Values.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -125,10 +125,12 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		}
 	}
 
-	// Metrics are read only through the /metrics endpoint: without one the
-	// service records into a no-op provider, which costs nothing per call.
+	// Metrics are read through the /metrics endpoint or pushed
+	// (OTEL_METRICS_EXPORTER): with neither the service records into a
+	// no-op provider, which costs nothing per call.
+	metricsRead := metricsLis != nil || tel.MetricsPushed
 	var meter metric.MeterProvider = metricnoop.NewMeterProvider()
-	if metricsLis != nil {
+	if metricsRead {
 		meter = tel.Meter
 	}
 	if policySrc != nil {
@@ -145,7 +147,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 		store.stop()
 		return err
 	}
-	opts, observe, err := rpcTelemetryOptions(tel, metricsLis != nil, getenv)
+	opts, observe, err := rpcTelemetryOptions(tel, metricsRead, getenv)
 	if err != nil {
 		store.stop()
 		return err
@@ -231,6 +233,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	if metricsLis != nil {
 		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
 	}
+	attrs = append(attrs, "metrics_pushed", tel.MetricsPushed)
 	attrs = append(attrs, "tls", c.TLSEnabled(), "mtls", c.MTLSEnabled())
 	attrs = append(attrs, "auth", c.AuthEnabled())
 	if healthLis != nil {

@@ -14,7 +14,15 @@
 // otel_sdk_processor_span_processed_total{error_type="queue_full"}.
 //
 // Metrics always exist: the OpenTelemetry metrics API with the Prometheus
-// exporter, served by Handler.
+// exporter, served by Handler. Its series carry no otel_scope_* labels
+// unless RETRYD_PROMETHEUS_SCOPE_LABELS=true: every metric of retryd has
+// one instrumentation scope, so the labels only multiply the series'
+// width. OTEL_METRICS_EXPORTER set to otlp (or console) also pushes every
+// metric through the exporter contrib autoexport builds for it (protocol,
+// endpoint and headers from the OTEL_EXPORTER_OTLP_* variables, interval
+// from OTEL_METRIC_EXPORT_INTERVAL), beside the Prometheus endpoint;
+// "none", "prometheus" (the endpoint retryd serves itself) or unset push
+// nothing.
 package telemetry
 
 import (
@@ -48,6 +56,8 @@ type Telemetry struct {
 	Handler http.Handler
 	// TracingEnabled reports whether spans are exported.
 	TracingEnabled bool
+	// MetricsPushed reports whether metrics are pushed (OTEL_METRICS_EXPORTER).
+	MetricsPushed bool
 
 	shutdown []func(context.Context) error
 }
@@ -59,6 +69,17 @@ func TracingConfigured(getenv func(string) string) bool {
 		return v != "none"
 	}
 	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// MetricsPushConfigured reports whether the environment asks for metrics
+// to be pushed: OTEL_METRICS_EXPORTER set to an exporter other than none
+// and prometheus (retryd serves its own Prometheus endpoint).
+func MetricsPushConfigured(getenv func(string) string) bool {
+	switch getenv("OTEL_METRICS_EXPORTER") {
+	case "", "none", "prometheus":
+		return false
+	}
+	return true
 }
 
 // Setup builds the providers and installs them (and the W3C trace-context
@@ -76,11 +97,24 @@ func Setup(ctx context.Context, version string, getenv func(string) string) (*Te
 
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exporter, err := promexporter.New(promexporter.WithRegisterer(registry))
+	promOpts := []promexporter.Option{promexporter.WithRegisterer(registry)}
+	if getenv("RETRYD_PROMETHEUS_SCOPE_LABELS") != "true" {
+		promOpts = append(promOpts, promexporter.WithoutScopeInfo())
+	}
+	exporter, err := promexporter.New(promOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter), sdkmetric.WithResource(res))
+	readers := []sdkmetric.Option{sdkmetric.WithReader(exporter), sdkmetric.WithResource(res)}
+	if MetricsPushConfigured(getenv) {
+		r, err := autoexport.NewMetricReader(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("telemetry: metric exporter: %w", err)
+		}
+		readers = append(readers, sdkmetric.WithReader(r))
+		t.MetricsPushed = true
+	}
+	mp := sdkmetric.NewMeterProvider(readers...)
 	t.Meter = mp
 	t.Handler = promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry})
 	t.shutdown = append(t.shutdown, mp.Shutdown)

@@ -277,13 +277,13 @@ func TestMetrics(t *testing.T) {
 	retrydtest.Verify(t, conn)
 
 	want := []string{
-		`retryd_decisions_total{decision="schedule",mode="normal",otel_scope_name="github.com/retryd/retryd/service"`,
-		`retryd_decisions_total{decision="delegate",mode="none",otel_scope_name="github.com/retryd/retryd/service"`,
-		`retryd_retries_started_total{otel_scope_name="github.com/retryd/retryd/service"`,
-		`retryd_retries_cancelled_total{otel_scope_name="github.com/retryd/retryd/service"`,
+		`retryd_decisions_total{decision="schedule",mode="normal"`,
+		`retryd_decisions_total{decision="delegate",mode="none"`,
+		`retryd_retries_started_total`,
+		`retryd_retries_cancelled_total`,
 		`retryd_decision_duration_seconds_bucket`,
 		`retryd_retry_start_lateness_seconds_count`,
-		`retryd_sessions{`,
+		"# TYPE retryd_sessions gauge",
 		`rpc_server_call_duration_seconds_bucket`,
 	}
 	var body string

@@ -19,11 +19,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 )
 
 // Span and attribute names. retryd's own attributes live under retryd.*;
-// the provider and the failure code use the semantic conventions
-// gen_ai.provider.name and error.type.
+// the provider uses the semantic convention gen_ai.provider.name. The
+// provider's failure code is retryd.failure.code: error.type is set only
+// when the decision itself fails (to the gRPC status code the caller
+// gets), so that error queries find failed operations, not every decision.
 const (
 	instrumentationName = "github.com/retryd/retryd/service"
 
@@ -36,6 +39,7 @@ const (
 	attrStep          = attribute.Key("retryd.step")
 	attrLogicalTurnID = attribute.Key("retryd.logical_turn.id")
 	attrRetryID       = attribute.Key("retryd.retry.id")
+	attrFailureCode   = attribute.Key("retryd.failure.code")
 	attrRetryNumber   = attribute.Key("retryd.retry.number")
 	attrRetryMax      = attribute.Key("retryd.retry.max")
 	attrMode          = attribute.Key("retryd.mode")
@@ -319,7 +323,7 @@ func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (con
 		attrTurn.Int64(int64(req.GetTurn())),
 		attrStep.Int64(int64(req.GetStep())),
 		semconv.GenAIProviderNameKey.String(req.GetProvider()),
-		semconv.ErrorTypeKey.String(req.GetFailure().GetCode()),
+		attrFailureCode.String(req.GetFailure().GetCode()),
 	))
 	if id := req.GetLogicalTurnId(); id != "" {
 		span.SetAttributes(attrLogicalTurnID.String(id))
@@ -346,6 +350,7 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	if err != nil {
 		if t.enabled {
 			span.SetStatus(codes.Error, err.Error())
+			span.SetAttributes(semconv.ErrorTypeKey.String(status.Code(toStatus(err)).String()))
 		}
 		return
 	}

@@ -93,9 +93,12 @@ func TestSpansLinkAttemptsToTheirTurn(t *testing.T) {
 		for i, d := range decisions {
 			a := attrs(d)
 			if a["retryd.session.id"].AsString() != "s" || a["gen_ai.provider.name"].AsString() != "deepseek" ||
-				a["error.type"].AsString() != "RATE_LIMIT" || a["retryd.logical_turn.id"].AsString() != "turn-1" ||
+				a["retryd.failure.code"].AsString() != "RATE_LIMIT" || a["retryd.logical_turn.id"].AsString() != "turn-1" ||
 				a["retryd.turn"].AsInt64() != int64(i+1) {
 				t.Errorf("decision %d attributes: %v", i, a)
+			}
+			if _, ok := a["error.type"]; ok {
+				t.Errorf("decision %d succeeded but carries error.type: %v", i, a)
 			}
 			if d.SpanContext().TraceID() != attempts[i].TraceID() {
 				t.Errorf("decision %d is in trace %s, its attempt in %s", i, d.SpanContext().TraceID(), attempts[i].TraceID())

@@ -12,6 +12,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -187,6 +189,35 @@ func TestNoTracingNoTraceparent(t *testing.T) {
 		st := h.start(resp.GetDecision().GetSchedule().GetRetryId())
 		if !proto.Equal(st, st) || st.GetTraceparent() != "" {
 			t.Errorf("Started carries %q with tracing off", st.GetTraceparent())
+		}
+	})
+}
+
+// TestFailedDecisionSpan: a decision the store refuses (a stale step)
+// ends its span with status Error and error.type, the gRPC code the agent
+// got; the provider's failure code stays in retryd.failure.code.
+func TestFailedDecisionSpan(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, harnessOpts{telemetry: true}, func(t *testing.T, h *harness) {
+		ctx := context.Background()
+		if _, err := h.client.FailedStep(ctx, failure("s", 2, 2, "deepseek", "SERVER", fast(60))); err != nil {
+			t.Fatal(err)
+		}
+		_, err := h.client.FailedStep(ctx, failure("s", 1, 1, "deepseek", "RATE_LIMIT", fast(60)))
+		if status.Code(err) != grpccodes.FailedPrecondition {
+			t.Fatalf("stale step: %v, want FAILED_PRECONDITION", err)
+		}
+		decisions := spansNamed(h.spans, "retryd.decide")
+		if len(decisions) != 2 {
+			t.Fatalf("%d decision spans, want 2", len(decisions))
+		}
+		ok, failed := attrs(decisions[0]), attrs(decisions[1])
+		if _, has := ok["error.type"]; has || decisions[0].Status().Code == codes.Error {
+			t.Errorf("the decided failure's span: %v, status %v; want no error.type, no Error", ok, decisions[0].Status())
+		}
+		if failed["error.type"].AsString() != "FailedPrecondition" || failed["retryd.failure.code"].AsString() != "RATE_LIMIT" ||
+			decisions[1].Status().Code != codes.Error {
+			t.Errorf("the refused failure's span: %v, status %v; want error.type FailedPrecondition, Error", failed, decisions[1].Status())
 		}
 	})
 }

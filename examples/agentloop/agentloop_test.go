@@ -118,8 +118,13 @@ func TestTracesInJaeger(t *testing.T) {
 			if p, ok := spans[d.ParentSpanID]; !ok || p.ServiceName != "retryd" {
 				t.Errorf("decision %d's parent is not retryd's server span", i)
 			}
-			if want := []string{"RATE_LIMIT", "SERVER"}[1-i]; d.Attributes["error.type"] != want {
-				t.Errorf("decision %d error.type %v, want %s", i, d.Attributes["error.type"], want)
+			// The provider's failure code is retryd.failure.code; error.type
+			// marks only a decision that itself failed.
+			if want := []string{"RATE_LIMIT", "SERVER"}[1-i]; d.Attributes["retryd.failure.code"] != want {
+				t.Errorf("decision %d retryd.failure.code %v, want %s", i, d.Attributes["retryd.failure.code"], want)
+			}
+			if et, ok := d.Attributes["error.type"]; ok {
+				t.Errorf("decision %d succeeded but carries error.type %v", i, et)
 			}
 			// Each decision links to every earlier attempt of the chain.
 			if len(d.Links) != i+1 {

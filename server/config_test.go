@@ -8,6 +8,33 @@ import (
 	"testing"
 )
 
+// configWith is the default config with one setting given by its flag
+// (when flagValue is not empty) and its environment variable (when
+// envValue is not empty), as serve reads them, and Validate's verdict.
+func configWith(t *testing.T, flagName, envName, flagValue, envValue string) (*Config, error) {
+	t.Helper()
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	if err := ApplyEnv(fs, func(name string) string {
+		if name == envName {
+			return envValue
+		}
+		return ""
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	if flagValue != "" {
+		args = []string{"--" + flagName, flagValue}
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return &c, c.Validate()
+}
+
 func TestStoreSetting(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -30,26 +57,7 @@ func TestStoreSetting(t *testing.T) {
 		{flag: "sqlite", bad: true},
 		{env: "file", bad: true},
 	} {
-		c := DefaultConfig()
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		c.RegisterFlags(fs)
-		if err := ApplyEnv(fs, func(name string) string {
-			if name == "RETRYD_STORE" {
-				return tc.env
-			}
-			return ""
-		}); err != nil {
-			t.Fatal(err)
-		}
-		var args []string
-		if tc.flag != "" {
-			args = []string{"--store", tc.flag}
-		}
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		err := c.Validate()
+		c, err := configWith(t, "store", "RETRYD_STORE", tc.flag, tc.env)
 		var fe *FieldError
 		switch {
 		case tc.bad:
@@ -81,26 +89,7 @@ func TestConfigReloadInterval(t *testing.T) {
 		{env: "50ms", bad: true},
 		{flag: "0s", bad: true},
 	} {
-		c := DefaultConfig()
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		c.RegisterFlags(fs)
-		if err := ApplyEnv(fs, func(k string) string {
-			if k == "RETRYD_CONFIG_RELOAD_INTERVAL" {
-				return tc.env
-			}
-			return ""
-		}); err != nil {
-			t.Fatal(err)
-		}
-		var args []string
-		if tc.flag != "" {
-			args = []string{"--config-reload-interval", tc.flag}
-		}
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		err := c.Validate()
+		c, err := configWith(t, "config-reload-interval", "RETRYD_CONFIG_RELOAD_INTERVAL", tc.flag, tc.env)
 		var fe *FieldError
 		if got := errors.As(err, &fe) && fe.Field == "config-reload-interval"; got != tc.bad {
 			t.Errorf("env %q flag %q: Validate() = %v, want refused by name: %v", tc.env, tc.flag, err, tc.bad)

@@ -29,6 +29,9 @@ type NetServer struct {
 // inner its end in the server's, addr the server's address on it.
 type netPath struct {
 	host, inner, addr string
+	// undelay ends the path's delay (see Delay), loss is its loss.
+	undelay func(testing.TB)
+	loss    float64
 }
 
 // redisPort is the port of a namespaced server: the namespace is its own,
@@ -48,6 +51,7 @@ func StartInNamespace(t testing.TB, paths int) *NetServer {
 		t.Skip("not root: building network namespaces needs root; skipping the network fault tests")
 	}
 	retrydtest.NeedProgram(t, "ip", "apt-get install -y iproute2")
+	retrydtest.NeedProgram(t, "iptables", "apt-get install -y iptables")
 	n := netSeq.Add(1)
 	// One subnet octet per namespace, from the PID and the sequence, so
 	// that test processes running at once use different subnets.

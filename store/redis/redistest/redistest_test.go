@@ -1,7 +1,9 @@
 package redistest
 
 import (
+	"bufio"
 	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -28,5 +30,60 @@ func TestRunReportsExit(t *testing.T) {
 	}
 	if d := time.Since(began); d > 5*time.Second {
 		t.Errorf("reported after %v: the PING deadline, not the exit", d)
+	}
+}
+
+// TestDelayAndLoss: a PING over a delayed path takes about twice the
+// one-way delay longer (each way held for delay ± jitter) and the other
+// path is untouched; after Undelay it is fast again; with loss 1 every
+// packet is dropped, and with loss 0 again nothing is.
+func TestDelayAndLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds a network namespace")
+	}
+	s := StartInNamespace(t, 2)
+	rtt := func(i int) time.Duration {
+		c, err := net.DialTimeout("tcp", s.Addr(i), 3*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		best := time.Hour
+		for range 5 {
+			began := time.Now()
+			c.SetDeadline(began.Add(3 * time.Second))
+			if _, err := io.WriteString(c, "PING\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+			best = min(best, time.Since(began))
+		}
+		return best
+	}
+	const delay, jitter = 40 * time.Millisecond, 10 * time.Millisecond
+	s.Delay(t, 0, delay, jitter)
+	if d := rtt(0); d < 2*(delay-jitter) || d > 2*(delay+jitter)+50*time.Millisecond {
+		t.Errorf("PING over the delayed path took %v, want about %v", d, 2*delay)
+	} else {
+		t.Logf("PING over the delayed path: %v", d)
+	}
+	if d := rtt(1); d > 20*time.Millisecond {
+		t.Errorf("PING over the other path took %v, want it untouched", d)
+	}
+	s.Undelay(t, 0)
+	if d := rtt(0); d > 20*time.Millisecond {
+		t.Errorf("PING after Undelay took %v, want it fast", d)
+	}
+
+	s.Lose(t, 0, 1)
+	if err := ping(s.Addr(0)); err == nil {
+		t.Error("PING over a path losing every packet answered")
+	}
+	s.Lose(t, 0, 0)
+	if err := ping(s.Addr(0)); err != nil {
+		t.Errorf("PING after the loss ended: %v", err)
 	}
 }

@@ -424,7 +424,7 @@ type expectation struct {
 
 func defaultFlags(overrides map[string]string) map[string]string {
 	f := map[string]string{
-		"listen": "0.0.0.0:7700", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
+		"listen": "0.0.0.0:7700", "config-reload-interval": "5s", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
 		"log-level": "info", "log-format": "text", "event-log-size": "100000",
 		"metrics-listen": "0.0.0.0:9464",
 		// server.limits: the server's defaults.
@@ -468,7 +468,7 @@ var expectations = map[string]expectation{
 	"policies.yaml": {
 		flags: defaultFlags(map[string]string{
 			"chain-ttl": "2h30m", "abandon-grace": "90s", "shutdown-timeout": "1m30s",
-			"log-level": "debug", "log-format": "json", "event-log-size": "2000000",
+			"config-reload-interval": "1500ms", "log-level": "debug", "log-format": "json", "event-log-size": "2000000",
 			"metrics-listen": "0.0.0.0:9100",
 		}),
 		port: 7700, metricsPort: 9100, servicePort: 7700, grace: 95,

@@ -290,6 +290,9 @@ them. Included by every workload template; renders nothing.
 {{- fail (printf "server.limits.%s %q must be positive" $key (get $.Values.server.limits $key)) }}
 {{- end }}
 {{- end }}
+{{- if lt (include "retryd.durationSecondsFloat" .Values.server.configReloadInterval | float64) 0.1 }}
+{{- fail (printf "server.configReloadInterval %q must be at least 100ms" .Values.server.configReloadInterval) }}
+{{- end }}
 {{- if .Values.tls.enabled }}
 {{- if not .Values.tls.existingSecret }}
 {{- fail "tls.enabled needs tls.existingSecret: the name of a kubernetes.io/tls Secret with tls.crt and tls.key (e.g. one cert-manager issues)" }}

@@ -42,6 +42,7 @@ spec:
         - serve
         - --listen=0.0.0.0:{{ .Values.server.port }}
         - --config=/etc/retryd/config.yaml
+        - --config-reload-interval={{ .Values.server.configReloadInterval }}
         - --chain-ttl={{ .Values.server.chainTtl }}
         - --abandon-grace={{ .Values.server.abandonGrace }}
         - --shutdown-timeout={{ .Values.server.shutdownTimeout }}

@@ -21,15 +21,37 @@ type StatsSource interface {
 	Stats() Stats
 }
 
+// DamagedTimerSource is implemented by stores whose stored data can be
+// found damaged (it does not decode), which then postpone that session's
+// due timers instead of trying them at every poll.
+type DamagedTimerSource interface {
+	// TimersPostponed counts the timers this replica postponed because
+	// their session's data did not decode, since it started.
+	TimersPostponed() int64
+}
+
 func registerStoreGauges(mp metric.MeterProvider, store Store) error {
-	src, ok := store.(StatsSource)
-	if !ok {
-		return nil
-	}
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
 	}
 	m := mp.Meter(instrumentationName)
+	if src, ok := store.(DamagedTimerSource); ok {
+		postponed, err := m.Int64ObservableCounter("retryd.timers.postponed", metric.WithUnit("{timer}"),
+			metric.WithDescription("Due timers postponed because their session's stored data did not decode."))
+		if err != nil {
+			return err
+		}
+		if _, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			o.ObserveInt64(postponed, src.TimersPostponed())
+			return nil
+		}, postponed); err != nil {
+			return err
+		}
+	}
+	src, ok := store.(StatsSource)
+	if !ok {
+		return nil
+	}
 	sessions, err := m.Int64ObservableGauge("retryd.sessions", metric.WithUnit("{session}"),
 		metric.WithDescription("Sessions the store holds."))
 	if err != nil {

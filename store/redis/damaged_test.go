@@ -7,13 +7,17 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/service"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // TestDamagedSession: a session whose stored data cannot be read refuses
 // the calls that touch it, and only them; its due timer is tried again a
-// minute later, not at every poll.
+// minute later, not at every poll, and counted in retryd.timers.postponed
+// (zero before).
 func TestDamagedSession(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
@@ -23,6 +27,25 @@ func TestDamagedSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	reader := sdkmetric.NewManualReader()
+	if _, err := service.New(s, service.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))); err != nil {
+		t.Fatal(err)
+	}
+	postponed := func() int64 {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name == "retryd.timers.postponed" {
+					return m.Data.(metricdata.Sum[int64]).DataPoints[0].Value
+				}
+			}
+		}
+		t.Fatal("no metric retryd.timers.postponed")
+		return 0
+	}
 	ctx := context.Background()
 	out, err := s.FailedStep(ctx, failure("broken"))
 	if err != nil || out.Scheduled == nil {
@@ -40,6 +63,9 @@ func TestDamagedSession(t *testing.T) {
 	if _, err := s.FailedStep(ctx, failure("healthy")); err != nil {
 		t.Errorf("FailedStep of another session: %v", err)
 	}
+	if n := postponed(); n != 0 {
+		t.Errorf("retryd.timers.postponed = %d before any timer fell due, want 0", n)
+	}
 	member := out.Scheduled.ID + " broken"
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -54,5 +80,12 @@ func TestDamagedSession(t *testing.T) {
 			t.Fatalf("the damaged session's timer is still due at %v: retried at every poll", time.UnixMilli(int64(score)))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	// The count follows the timer's move.
+	for n := postponed(); n != 1; n = postponed() {
+		if time.Now().After(deadline) {
+			t.Fatalf("retryd.timers.postponed = %d after the damaged session's timer was postponed, want 1", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -176,8 +176,11 @@ type Store struct {
 	// resumed is when (on the decision clock, unix nanoseconds) Redis
 	// answered the timer poller again after it had been away.
 	resumed atomic.Int64
-	statsMu sync.Mutex
-	stats   service.Stats
+	// postponed counts the timers postponed for damaged data (see
+	// postpone).
+	postponed atomic.Int64
+	statsMu   sync.Mutex
+	stats     service.Stats
 
 	closing  chan struct{}
 	stopOnce sync.Once

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
 )
 
 // Timers. Pending retries' due and abandon times, and sessions' expiries,
@@ -163,6 +164,11 @@ func (s *Store) fireAll(ctx context.Context, due [][]string) {
 // waits before it is tried again.
 const damagedRetry = time.Minute
 
+var _ service.DamagedTimerSource = (*Store)(nil)
+
+// TimersPostponed implements service.DamagedTimerSource.
+func (s *Store) TimersPostponed() int64 { return s.postponed.Load() }
+
 // postpone handles a timer's failure: when the session's data is damaged
 // (it does not decode), trying again at the next poll would only fail
 // again, every 10 ms; the timer moves damagedRetry on instead, with a
@@ -179,6 +185,7 @@ func (s *Store) postpone(ctx context.Context, p int, member, sessionID string, e
 	if zerr := s.rdb.ZAdd(ctx, s.keys.timersKey(p), redis.Z{Score: *score(at), Member: member}).Err(); zerr != nil {
 		return
 	}
+	s.postponed.Add(1)
 	s.cfg.Log.Warn("redis store: a timer of a session whose data cannot be read; trying again later",
 		"session", sessionID, "err", err, "retry_at", at)
 }

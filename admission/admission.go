@@ -222,6 +222,11 @@ type Control struct {
 }
 
 // New returns the admission control of l, or nil when l bounds nothing.
+// attrBound is the attribute of retryd.admission.refused that names the
+// bound a refused call met (pending_retries_per_tenant, …): retryd's own
+// attributes live under retryd.*.
+const attrBound = attribute.Key("retryd.admission.bound")
+
 // now is the admission's clock; its metrics are made with m (nil: none).
 func New(l Limits, now func() time.Time, log *slog.Logger, m metric.Meter) (*Control, error) {
 	if !l.Tracks() && l.AwaitersPerRetry <= 0 && l.Awaiters <= 0 {
@@ -243,7 +248,7 @@ func New(l Limits, now func() time.Time, log *slog.Logger, m metric.Meter) (*Con
 		return nil, err
 	}
 	for b := range numBounds {
-		a.boundOpts[b] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("bound", bounds[b].id)))}
+		a.boundOpts[b] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attrBound.String(bounds[b].id)))}
 	}
 	pending, err := m.Int64ObservableGauge("retryd.admission.retries.pending", metric.WithUnit("{retry}"),
 		metric.WithDescription("Pending retries of every tenant as admission control counts them (from the event log)."))

@@ -25,7 +25,10 @@ const minConfigReloadInterval = 100 * time.Millisecond
 // Kubernetes' "..data" symlink swap of a mounted ConfigMap). New content
 // that does not validate, or that changes a fleet block (fleet protection
 // is built once, at start), is refused: the refusal is logged with the
-// field it names and counted, and the last good policies keep deciding.
+// field it names and counted, and the last good policies keep deciding;
+// until the file validates again the source is not current (see
+// setCurrentHook), which health service ConfigHealthService and metric
+// retryd.config.last_reload.successful report.
 type policySource struct {
 	src *reload.Source[[]byte, config.Policies]
 
@@ -33,6 +36,11 @@ type policySource struct {
 	loaded  time.Time // last successful load
 	digest  string    // its content's SHA-256, hex
 	results map[string]int64
+	// current is false while the file on disk is not what decides: its
+	// last content was refused, or it could not be read.
+	current bool
+	// currentHook, when set, is told every change of current.
+	currentHook func(current bool)
 }
 
 // newPolicySource loads the file once; an unreadable or invalid file
@@ -93,10 +101,33 @@ func (ps *policySource) result(err error, digest string) {
 	defer ps.mu.Unlock()
 	if err != nil {
 		ps.results["refused"]++
+		ps.setCurrent(false)
 		return
 	}
 	ps.results["applied"]++
 	ps.loaded, ps.digest = time.Now(), digest
+	ps.setCurrent(true)
+}
+
+// setCurrent records whether the file on disk is what decides and tells
+// the hook when that changes. Called with mu held.
+func (ps *policySource) setCurrent(current bool) {
+	if ps.current == current {
+		return
+	}
+	ps.current = current
+	if ps.currentHook != nil {
+		ps.currentHook(current)
+	}
+}
+
+// setCurrentHook sets the function told every change of whether the file
+// on disk is what decides, and tells it the state now.
+func (ps *policySource) setCurrentHook(hook func(current bool)) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.currentHook = hook
+	hook(ps.current)
 }
 
 // Current returns the policies in force.
@@ -114,9 +145,11 @@ func (ps *policySource) watch(ctx context.Context, interval time.Duration) <-cha
 }
 
 // registerMetrics exports retryd.config.reload (reloads that tried new
-// content, by result: applied or refused) and retryd.config.loaded (the
+// content, by result: applied or refused), retryd.config.loaded (the
 // Unix time of the last successful load, with the SHA-256 of the file
-// it loaded, so replicas serving different files show apart).
+// it loaded, so replicas serving different files show apart) and
+// retryd.config.last_reload.successful (1 while the file on disk is what
+// decides, 0 while its content is refused or it cannot be read).
 func (ps *policySource) registerMetrics(mp metric.MeterProvider) error {
 	m := mp.Meter("github.com/retryd/retryd/server")
 	reloads, err := m.Int64ObservableCounter("retryd.config.reload",
@@ -126,8 +159,13 @@ func (ps *policySource) registerMetrics(mp metric.MeterProvider) error {
 		return err
 	}
 	loaded, err := m.Float64ObservableGauge("retryd.config.loaded",
-		metric.WithDescription("Unix time of the last successful load of the policy file, with its content's SHA-256 (config.sha256)."),
+		metric.WithDescription("Unix time of the last successful load of the policy file, with its content's SHA-256 (retryd.config.sha256)."),
 		metric.WithUnit("s"))
+	if err != nil {
+		return err
+	}
+	successful, err := m.Int64ObservableGauge("retryd.config.last_reload.successful",
+		metric.WithDescription("1 while the policy file on disk is what decides; 0 while its content is refused (the last good policies keep deciding)."))
 	if err != nil {
 		return err
 	}
@@ -135,12 +173,17 @@ func (ps *policySource) registerMetrics(mp metric.MeterProvider) error {
 		ps.mu.Lock()
 		defer ps.mu.Unlock()
 		for _, r := range []string{"applied", "refused"} {
-			o.ObserveInt64(reloads, ps.results[r], metric.WithAttributes(attribute.String("result", r)))
+			o.ObserveInt64(reloads, ps.results[r], metric.WithAttributes(attribute.String("retryd.config.reload.result", r)))
 		}
 		o.ObserveFloat64(loaded, float64(ps.loaded.UnixNano())/1e9,
-			metric.WithAttributes(attribute.String("config.sha256", ps.digest)))
+			metric.WithAttributes(attribute.String("retryd.config.sha256", ps.digest)))
+		var ok int64
+		if ps.current {
+			ok = 1
+		}
+		o.ObserveInt64(successful, ok)
 		return nil
-	}, reloads, loaded)
+	}, reloads, loaded, successful)
 	return err
 }
 

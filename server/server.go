@@ -163,6 +163,7 @@ func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) st
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	reportPolicyFile(policySrc, hs)
 	healthpb.RegisterHealthServer(srv, hs)
 	// A store whose state lives in a server of its own (Redis) is probed:
 	// health reports NOT_SERVING while that server does not answer.
@@ -363,6 +364,30 @@ func openStore(c Config, log *slog.Logger) (*openedStore, error) {
 	default:
 		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR, redis://host:port/db, redis://sentinel:26379/db?master_name=NAME or redis://node:6379?addr=node2:6379 (Cluster)"}
 	}
+}
+
+// ConfigHealthService is the grpc.health.v1 service name that reports
+// the policy file: SERVING while the file on disk is what decides (and
+// always without --config), NOT_SERVING while its content is refused or
+// it cannot be read. The last good policies keep deciding meanwhile, so
+// "" and the RetryService stay SERVING: probe this name to see that a
+// change did not apply, never to take a replica out of service.
+const ConfigHealthService = "retryd.config"
+
+// reportPolicyFile keeps ConfigHealthService's status in step with the
+// policy file's; ps is nil without --config.
+func reportPolicyFile(ps *policySource, hs *health.Server) {
+	hs.SetServingStatus(ConfigHealthService, healthpb.HealthCheckResponse_SERVING)
+	if ps == nil {
+		return
+	}
+	ps.setCurrentHook(func(current bool) {
+		status := healthpb.HealthCheckResponse_SERVING
+		if !current {
+			status = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		hs.SetServingStatus(ConfigHealthService, status)
+	})
 }
 
 // storeProbeInterval is how often probeStore asks the store.

@@ -76,7 +76,7 @@ func admissionCounts(t *testing.T, h *harness) (gauges map[string]int64, refused
 			case metricdata.Sum[int64]:
 				if m.Name == "retryd.admission.refused" {
 					for _, p := range d.DataPoints {
-						v, _ := p.Attributes.Value("bound")
+						v, _ := p.Attributes.Value("retryd.admission.bound")
 						refused[v.AsString()] += p.Value
 					}
 				}

@@ -291,14 +291,20 @@ func TestFleetVisible(t *testing.T) {
 			for _, m := range sm.Metrics {
 				if s, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "retryd.decisions" {
 					for _, dp := range s.DataPoints {
-						reason, _ := dp.Attributes.Value("reason")
-						decision, _ := dp.Attributes.Value("decision")
-						byReason[decision.AsString()+"/"+reason.AsString()] += dp.Value
+						// A delegation says why by its delegate reason, a
+						// schedule by its delay source: never both.
+						reason, delegated := dp.Attributes.Value("retryd.delegate.reason")
+						source, scheduled := dp.Attributes.Value("retryd.delay.source")
+						decision, _ := dp.Attributes.Value("retryd.decision")
+						if delegated == scheduled {
+							t.Errorf("decisions %v: want exactly one of retryd.delegate.reason and retryd.delay.source", dp.Attributes.ToSlice())
+						}
+						byReason[decision.AsString()+"/"+reason.AsString()+source.AsString()] += dp.Value
 					}
 				}
 			}
 		}
-		want := map[string]int64{"schedule/": 2, "delegate/fleet_budget_exhausted": 1, "schedule/fleet_budget": 1}
+		want := map[string]int64{"schedule/backoff": 2, "delegate/fleet_budget_exhausted": 1, "schedule/fleet_budget": 1}
 		for k, n := range want {
 			if byReason[k] != n {
 				t.Errorf("decisions %s = %d, want %d (all: %v)", k, byReason[k], n, byReason)

@@ -27,6 +27,10 @@ import (
 // provider's failure code is retryd.failure.code: error.type is set only
 // when the decision itself fails (to the gRPC status code the caller
 // gets), so that error queries find failed operations, not every decision.
+// Metrics carry the same names for the same things (docs/observability.md
+// has the table): a span's attribute values are the API's enum names
+// (DELEGATE_REASON_BUDGET_EXHAUSTED), a metric's their lower-case suffix
+// (budget_exhausted).
 const (
 	instrumentationName = "github.com/retryd/retryd/service"
 
@@ -50,6 +54,10 @@ const (
 	attrReason        = attribute.Key("retryd.delegate.reason")
 	attrCancelReason  = attribute.Key("retryd.cancel.reason")
 	attrLatenessMs    = attribute.Key("retryd.start.lateness_ms")
+	attrProvider      = semconv.GenAIProviderNameKey
+	// attrOutcome is how a logical operation ended (metrics only):
+	// recovered or delegated.
+	attrOutcome = attribute.Key("retryd.operation.outcome")
 )
 
 // maxProviderLabels bounds the provider label's values in metrics: the
@@ -214,19 +222,25 @@ func (t *instruments) countOf(k labelKey) *count {
 	switch k.instrument {
 	case "attempts":
 		c.inst = t.attempts
-		kvs = []attribute.KeyValue{attribute.String("provider", k.provider)}
+		kvs = []attribute.KeyValue{attrProvider.String(k.provider)}
 	case "decisions":
 		c.inst = t.decisions
-		kvs = []attribute.KeyValue{attribute.String("decision", k.decision),
-			attribute.String("reason", k.reason), attribute.String("provider", k.provider), attribute.String("mode", k.mode)}
+		// reason is the delegate reason of a delegation, the delay
+		// source of a schedule: the attribute the span names it by.
+		why := attrDelaySource.String(k.reason)
+		if k.decision == "delegate" {
+			why = attrReason.String(k.reason)
+		}
+		kvs = []attribute.KeyValue{attrDecision.String(k.decision), why,
+			attrProvider.String(k.provider), attrMode.String(k.mode)}
 	case "started":
 		c.inst = t.started
 	case "cancelled":
 		c.inst = t.cancelled
-		kvs = []attribute.KeyValue{attribute.String("reason", k.cancelling)}
+		kvs = []attribute.KeyValue{attrCancelReason.String(k.cancelling)}
 	case "operations":
 		c.inst = t.operations
-		kvs = []attribute.KeyValue{attribute.String("outcome", k.outcome), attribute.String("provider", k.provider)}
+		kvs = []attribute.KeyValue{attrOutcome.String(k.outcome), attrProvider.String(k.provider)}
 	default:
 		panic("service: no counter " + k.instrument)
 	}
@@ -318,8 +332,10 @@ func (t *instruments) startDecision(ctx context.Context, f *engine.Failure) (con
 		return ctx, noSpan, nil
 	}
 	req := f.Request
+	tenantID, sessionID := SplitSessionID(req.GetSessionId()) // stored ids carry their tenant
 	ctx, span := t.tracer.Start(ctx, spanDecide, trace.WithAttributes(
-		attrSessionID.String(req.GetSessionId()),
+		attrTenantID.String(tenantID),
+		attrSessionID.String(sessionID),
 		attrTurn.Int64(int64(req.GetTurn())),
 		attrStep.Int64(int64(req.GetStep())),
 		semconv.GenAIProviderNameKey.String(req.GetProvider()),
@@ -367,7 +383,7 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	}
 	d := out.Response.GetDecision()
 	if s := d.GetSchedule(); s != nil {
-		_, attempts, decisions := t.decisionCounts(f.Request.GetProvider(), "schedule", heldLabel(s.GetDelaySource()), modeLabel(s.GetMode()))
+		_, attempts, decisions := t.decisionCounts(f.Request.GetProvider(), "schedule", delaySourceLabel(s.GetDelaySource()), modeLabel(s.GetMode()))
 		attempts.add()
 		decisions.add()
 		if !t.enabled {
@@ -387,7 +403,8 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 		}
 		span.SetAttributes(attrs...)
 		if backoff != nil && out.Scheduled != nil {
-			backoff.SetAttributes(append(attrs[1:], attrSessionID.String(f.Request.GetSessionId()))...)
+			tenantID, sessionID := SplitSessionID(f.Request.GetSessionId())
+			backoff.SetAttributes(append(attrs[1:], attrTenantID.String(tenantID), attrSessionID.String(sessionID))...)
 			t.mu.Lock()
 			t.backoffs[s.GetRetryId()] = backoff
 			t.mu.Unlock()
@@ -539,6 +556,7 @@ func modeLabel(m retrydv1.Mode) string {
 var (
 	reasonLabels = enumLabels(retrydv1.DelegateReason_name, "DELEGATE_REASON_")
 	cancelLabels = enumLabels(retrydv1.CancelReason_name, "CANCEL_REASON_")
+	sourceLabels = enumLabels(retrydv1.DelaySource_name, "DELAY_SOURCE_")
 )
 
 // maxEnumLabel bounds the enum values enumLabels indexes.
@@ -566,19 +584,15 @@ func enumLabel(labels []string, v int32) string {
 	return ""
 }
 
-// heldLabel is the reason label of a scheduled decision: the fleet rule
-// that held the retry (budget, circuit, provider pacing), or empty when
-// the policy alone set its delay.
-func heldLabel(src retrydv1.DelaySource) string {
-	switch src {
-	case retrydv1.DelaySource_DELAY_SOURCE_FLEET_BUDGET:
-		return "fleet_budget"
-	case retrydv1.DelaySource_DELAY_SOURCE_CIRCUIT_OPEN:
-		return "circuit_open"
-	case retrydv1.DelaySource_DELAY_SOURCE_PROVIDER_PACING:
-		return "provider_pacing"
+// delaySourceLabel is the retryd.delay.source of a scheduled decision:
+// what set its delay, the policy (backoff, schedule, tail), the
+// provider's Retry-After, or a fleet rule that held the retry
+// (fleet_budget, circuit_open, provider_pacing).
+func delaySourceLabel(src retrydv1.DelaySource) string {
+	if l := enumLabel(sourceLabels, int32(src)); l != "" {
+		return l
 	}
-	return ""
+	return trimPrefix(src.String(), "DELAY_SOURCE_")
 }
 
 func reasonLabel(r retrydv1.DelegateReason) string {

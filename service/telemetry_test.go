@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -218,6 +219,42 @@ func TestFailedDecisionSpan(t *testing.T) {
 		if failed["error.type"].AsString() != "FailedPrecondition" || failed["retryd.failure.code"].AsString() != "RATE_LIMIT" ||
 			decisions[1].Status().Code != codes.Error {
 			t.Errorf("the refused failure's span: %v, status %v; want error.type FailedPrecondition, Error", failed, decisions[1].Status())
+		}
+	})
+}
+
+// TestSpansNameTheTenant: a tenant's decision and backoff spans carry its
+// id in retryd.tenant.id and the session id as the tenant sent it, never
+// the qualified id the store keeps; the default tenant's id is empty.
+func TestSpansNameTheTenant(t *testing.T) {
+	t.Parallel()
+	eachBackend(t, harnessOpts{telemetry: true}, func(t *testing.T, h *harness) {
+		for _, ctx := range []context.Context{as("team-a"), context.Background()} {
+			resp, err := h.client.FailedStep(ctx, failure("s", 1, 1, "deepseek", "RATE_LIMIT", fast(10)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+				Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: resp.GetDecision().GetSchedule().GetRetryId()}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if len(spansNamed(h.spans, "retryd.backoff")) == 2 {
+				break
+			}
+		}
+		for _, name := range []string{"retryd.decide", "retryd.backoff"} {
+			for _, s := range spansNamed(h.spans, name) {
+				a := attrs(s)
+				got = append(got, name+" "+a["retryd.tenant.id"].AsString()+"/"+a["retryd.session.id"].AsString())
+			}
+		}
+		slices.Sort(got)
+		want := []string{"retryd.backoff /s", "retryd.backoff team-a/s", "retryd.decide /s", "retryd.decide team-a/s"}
+		if !slices.Equal(got, want) {
+			t.Errorf("spans' tenant/session: %q, want %q", got, want)
 		}
 	})
 }

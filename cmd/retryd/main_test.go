@@ -277,10 +277,12 @@ func TestMetrics(t *testing.T) {
 	retrydtest.Verify(t, conn)
 
 	want := []string{
-		`retryd_decisions_total{decision="schedule",mode="normal"`,
-		`retryd_decisions_total{decision="delegate",mode="none"`,
+		// The attributes the spans use, dots as underscores.
+		`retryd_attempts_failed_total{gen_ai_provider_name="deepseek"} 1`,
+		`retryd_decisions_total{gen_ai_provider_name="deepseek",retryd_decision="schedule",retryd_delay_source="backoff",retryd_mode="normal"} 1`,
+		`retryd_decisions_total{gen_ai_provider_name="none",retryd_decision="delegate",retryd_delegate_reason="no_provider",retryd_mode="none"} 1`,
 		`retryd_retries_started_total`,
-		`retryd_retries_cancelled_total`,
+		`retryd_retries_cancelled_total{retryd_cancel_reason="requested"} 1`,
 		`retryd_decision_duration_seconds_bucket`,
 		`retryd_retry_start_lateness_seconds_count`,
 		"# TYPE retryd_sessions gauge",

@@ -13,6 +13,7 @@ import (
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
 // configMapDir lays a policy file out as the kubelet mounts a ConfigMap
@@ -64,15 +65,38 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // ConfigMap-style symlink swap: new failures are decided with the new
 // policy (a new policy key, so a chain of its own), a retry decided
 // before keeps the policy it was decided with, and a file that does not
-// validate is refused — logged with its field, counted — while the last
-// good policies keep deciding.
+// validate is refused — logged with its field, counted, and reported by
+// the health service retryd.config — while the last good policies keep
+// deciding and the server stays SERVING; fixing the file recovers.
 func TestPolicyReload(t *testing.T) {
 	t.Parallel()
 	cm := newConfigMapDir(t, openaiPolicy(1500))
 	srv := retrydtest.Start(t, "--config", cm.path(), "--config-reload-interval", "100ms", "--metrics-listen", "127.0.0.1:0")
 	client := retrydv1.NewRetryServiceClient(srv.Conn(t))
+	health := healthpb.NewHealthClient(srv.Conn(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	healthOf := func(service string) healthpb.HealthCheckResponse_ServingStatus {
+		t.Helper()
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		if err != nil {
+			t.Fatalf("health of %q: %v", service, err)
+		}
+		return resp.GetStatus()
+	}
+	metrics := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + srv.MetricsAddr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return string(body)
+	}
+	if got := healthOf("retryd.config"); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health of retryd.config at start: %v, want SERVING", got)
+	}
 	fail := func(session string, step uint64) *retrydv1.Schedule {
 		t.Helper()
 		resp, err := client.FailedStep(ctx, &retrydv1.FailedStepRequest{
@@ -159,20 +183,42 @@ func TestPolicyReload(t *testing.T) {
 	if c := fail("s3", 1); c.GetPolicyKey() != keyB || c.GetDelayMs() != 200 {
 		t.Errorf("after the refused file: key %q delay %d, want the last good policy's %q, 200 ms", c.GetPolicyKey(), c.GetDelayMs(), keyB)
 	}
-
-	resp, err := http.Get("http://" + srv.MetricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The health of the policy file says the change did not apply; the
+	// server keeps serving the last good policies.
+	if got := healthOf("retryd.config"); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health of retryd.config after the refused file: %v, want NOT_SERVING", got)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{`result="applied"} 1`, `result="refused"} 1`} {
-		if !strings.Contains(string(body), want) || metricValue(string(body), "retryd_config_reload_total") != 2 {
-			t.Errorf("retryd_config_reload_total lacks %s:\n%s", want, grepLines(string(body), "retryd_config"))
+	for _, service := range []string{"", "retryd.v1.RetryService"} {
+		if got := healthOf(service); got != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health of %q after the refused file: %v, want SERVING (the last good policies decide)", service, got)
 		}
 	}
-	if !strings.Contains(string(body), "retryd_config_loaded_seconds{config_sha256=") {
-		t.Errorf("no retryd_config_loaded_seconds with the file's hash:\n%s", grepLines(string(body), "retryd_config"))
+
+	body := metrics()
+	for _, want := range []string{`result="applied"} 1`, `result="refused"} 1`} {
+		if !strings.Contains(body, want) || metricValue(body, "retryd_config_reload_total") != 2 {
+			t.Errorf("retryd_config_reload_total lacks %s:\n%s", want, grepLines(body, "retryd_config"))
+		}
+	}
+	if !strings.Contains(body, "retryd_config_loaded_seconds{retryd_config_sha256=") {
+		t.Errorf("no retryd_config_loaded_seconds with the file's hash:\n%s", grepLines(body, "retryd_config"))
+	}
+	if !strings.Contains(body, "\nretryd_config_last_reload_successful 0\n") {
+		t.Errorf("retryd_config_last_reload_successful is not 0 after the refused file:\n%s", grepLines(body, "retryd_config"))
+	}
+
+	// Fixing the file recovers: the fixed content applies, the health of
+	// the policy file is SERVING again, and so is the gauge.
+	cm.swap(openaiPolicy(300))
+	waitFor(t, 10*time.Second, "the fixed file to be reloaded", func() bool {
+		return healthOf("retryd.config") == healthpb.HealthCheckResponse_SERVING
+	})
+	if c := fail("s4", 1); c.GetDelayMs() != 300 {
+		t.Errorf("after the fixed file: delay %d, want its 300 ms", c.GetDelayMs())
+	}
+	body = metrics()
+	if !strings.Contains(body, "\nretryd_config_last_reload_successful 1\n") || !strings.Contains(body, `result="applied"} 2`) {
+		t.Errorf("after the fixed file, want retryd_config_last_reload_successful 1 and 2 applied reloads:\n%s", grepLines(body, "retryd_config"))
 	}
 }
 

@@ -10,4 +10,12 @@
 //
 // It is a module of its own, so that the Kubernetes API types it decodes
 // into stay out of the server module's requirements.
+//
+// The chart ships deploy/observability's dashboard and alert rules
+// (grafanaDashboard, prometheusRule). Helm reads no file outside the chart,
+// so retryd/files/ holds copies that `go generate` here makes;
+// TestObservabilityFilesAreCopies fails when a copy differs from its
+// source, so edit deploy/observability and regenerate.
 package helm
+
+//go:generate cp ../observability/grafana-dashboard.json ../observability/alerts.yaml retryd/files/

@@ -2,6 +2,7 @@ package retryd_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -174,6 +175,22 @@ func TestDegradedLocalDecisions(t *testing.T) {
 	}
 	if n := d.localSpans(); n != 3 {
 		t.Errorf("%d retryd.local_decision spans, want 3", n)
+	}
+	// The local spans name things as retryd's decision spans do.
+	var named []string
+	for _, s := range d.spans.Ended() {
+		if s.Name() != "retryd.local_decision" {
+			continue
+		}
+		for _, kv := range s.Attributes() {
+			if k := string(kv.Key); k == "retryd.retry.id" || k == "retryd.retry.number" || k == "retryd.delegate.reason" {
+				named = append(named, k)
+			}
+		}
+	}
+	slices.Sort(named)
+	if w := []string{"retryd.delegate.reason", "retryd.retry.id", "retryd.retry.id", "retryd.retry.number", "retryd.retry.number"}; !slices.Equal(named, w) {
+		t.Errorf("local decision spans' attributes %v, want %v", named, w)
 	}
 	retrydtest.Verify(t, d.conn)
 }

@@ -201,7 +201,8 @@ func decisionName(out Outcome) string {
 	return "delegate"
 }
 
-// Attributes of the decision counter and of local decision spans.
+// Attributes of the decision counter and of local decision spans: the
+// names retryd's own decision spans use for the same things.
 const (
 	decisionAttribute = attribute.Key("retryd.decision")
 	localAttribute    = attribute.Key("retryd.decision.local")
@@ -216,12 +217,12 @@ func (c *Client) recordLocal(ctx context.Context, out Outcome, decision string) 
 	c.count(ctx, true, decision)
 	attrs := []attribute.KeyValue{decisionAttribute.String(decision), localAttribute.Bool(true)}
 	if out.Schedule != nil {
-		attrs = append(attrs, attribute.String("retryd.retry_id", out.Schedule.GetRetryId()),
-			attribute.Int64("retryd.retry_number", int64(out.Schedule.GetRetryNumber())),
+		attrs = append(attrs, attribute.String("retryd.retry.id", out.Schedule.GetRetryId()),
+			attribute.Int64("retryd.retry.number", int64(out.Schedule.GetRetryNumber())),
 			attribute.Int64("retryd.delay_ms", int64(out.Schedule.GetDelayMs())))
 	}
 	if out.Delegate != nil {
-		attrs = append(attrs, attribute.String("retryd.delegate_reason", out.Delegate.GetReason().String()))
+		attrs = append(attrs, attribute.String("retryd.delegate.reason", out.Delegate.GetReason().String()))
 	}
 	_, span := c.tracer.Start(ctx, "retryd.local_decision", trace.WithAttributes(attrs...))
 	if out.Unreachable != nil {

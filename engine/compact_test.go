@@ -9,7 +9,6 @@ import (
 
 	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -24,7 +23,7 @@ func TestCommittedRecordAnswersAsBefore(t *testing.T) {
 	s := NewSession("s", base)
 	req := &retrydv1.FailedStepRequest{SessionId: "s", Turn: 1, Step: 1, Provider: "p",
 		Failure: &retrydv1.Failure{Code: "SERVER"}}
-	out, err := s.Fail(env(0), Failure{Request: req, Policy: p})
+	out, err := s.Fail(env(0), Failure{Request: req, Policy: p}, fleet.ProviderState{})
 	if err != nil || out.Scheduled == nil {
 		t.Fatalf("Fail: %v, %+v", err, out)
 	}
@@ -34,7 +33,7 @@ func TestCommittedRecordAnswersAsBefore(t *testing.T) {
 	if rec := s.record(retrydv1.Downstream_DOWNSTREAM_NOT_ASKED); rec == nil || rec.event != nil {
 		t.Fatalf("record after Commit: %+v, want it compact", rec)
 	}
-	again, err := s.Fail(env(1), Failure{Request: req, Policy: p})
+	again, err := s.Fail(env(1), Failure{Request: req, Policy: p}, fleet.ProviderState{})
 	if err != nil || len(again.Events) != 0 {
 		t.Fatalf("replay: %v, %d events", err, len(again.Events))
 	}
@@ -60,7 +59,7 @@ func TestChainKeepsNewestAttempts(t *testing.T) {
 				Failure: &retrydv1.Failure{Code: "SERVER"}},
 			Policy:       p,
 			AttemptTrace: fmt.Sprintf("t%02d", i),
-		})
+		}, fleet.ProviderState{})
 		if err != nil {
 			t.Fatalf("Fail %d: %v", i, err)
 		}
@@ -74,7 +73,7 @@ func TestChainKeepsNewestAttempts(t *testing.T) {
 		if want > 0 && out.PreviousAttempts[want-1] != fmt.Sprintf("t%02d", i-1) {
 			t.Fatalf("Fail %d: newest previous attempt %s", i, out.PreviousAttempts[want-1])
 		}
-		s.Start(e, out.Scheduled)
+		s.Start(e, out.Scheduled, nil)
 		s.Commit()
 	}
 	if c := s.chains[0]; len(c.attemptList()) > MaxChainAttempts {
@@ -102,16 +101,6 @@ func TestCompactRecordRebuildsEveryEventField(t *testing.T) {
 	}
 }
 
-// detailHook is fleet protection that only explains itself.
-type detailHook struct{}
-
-func (detailHook) Decided(_ *policy.Policy, _ policy.Attempt, d policy.Decision, _ time.Time) policy.Decision {
-	d.Detail = "paced by the fleet"
-	return d
-}
-
-func (detailHook) Bind(*fleet.ProviderState) {}
-
 // TestRetryMessagesMatchTheirEvents: a retry keeps its decision as fields
 // and builds its RetryScheduled, RetryStarted and RetryCancelled when
 // asked; what it builds equals what its events said, with every optional
@@ -127,17 +116,19 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 	}{
 		{name: "plain, started", f: Failure{Policy: bounded}},
 		{name: "plain, cancelled", f: Failure{Policy: bounded}, cancel: true},
-		{name: "every text, unbounded, started", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: detailHook{}}},
-		{name: "every text, unbounded, cancelled", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: detailHook{}}, cancel: true},
+		{name: "every text, unbounded, started", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", FleetKey: "p", FleetConfig: fleet.DefaultConfig()}},
+		{name: "every text, unbounded, cancelled", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", FleetKey: "p", FleetConfig: fleet.DefaultConfig()}, cancel: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewSession("s", base)
 			tc.f.Request = &retrydv1.FailedStepRequest{SessionId: "s", Turn: 2, Step: 3, Provider: "p",
 				LogicalTurnId: "lt", Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}}
-			if tc.f.Fleet == nil {
+			if tc.f.FleetKey == "" {
 				tc.f.Request.LogicalTurnId = ""
 			}
-			out, err := s.Fail(env(0), tc.f)
+			// A budget five tokens short paces the schedule-mode retry past
+			// its policy's 2 s, and says so.
+			out, err := s.Fail(env(0), tc.f, fleet.ProviderState{Tokens: -5, TokensAt: env(0).Now})
 			if err != nil || out.Scheduled == nil {
 				t.Fatalf("Fail: %v, %v", err, out.Response)
 			}
@@ -153,8 +144,8 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 			if tc.f.Policy.Bounded {
 				want.MaxRetries = proto.Uint32(tc.f.Policy.MaxRetries)
 			}
-			if tc.f.Fleet != nil {
-				want.Detail = "paced by the fleet"
+			if tc.f.FleetKey != "" {
+				want.Detail = "retry budget empty: paced to the next token at 12:00:06.000 (refill 1/s)"
 			}
 			if !proto.Equal(sc, want) || sc.GetDelayMs() == 0 || sc.GetDelaySource() == retrydv1.DelaySource_DELAY_SOURCE_UNSPECIFIED {
 				t.Fatalf("Scheduled()\n%v\nwant\n%v", sc, want)
@@ -168,7 +159,8 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 					t.Fatalf("cancelled: event %v, Cancelled() %v, Started() %v; want %v", ev.GetCancelled(), r.Cancelled(), r.Started(), want)
 				}
 			} else {
-				ev, ok := s.Start(env(1), r)
+				st := s.Start(env(1), r, nil)
+				ev, ok := st.Event, st.Event != nil
 				want := &retrydv1.RetryStarted{RetryId: r.ID, Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber(),
 					StartedAt: timestamppb.New(env(1).Now), Traceparent: sc.GetTraceparent()}
 				if !ok || !proto.Equal(ev.GetStarted(), want) || !proto.Equal(r.Started(), want) || r.Cancelled() != nil {

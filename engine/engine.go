@@ -40,9 +40,6 @@ type Env struct {
 	Now   time.Time
 	Rand  policy.Rand
 	NewID func() string
-	// Gate, when set, is asked before a due retry starts (fleet
-	// protection's circuit): held, the retry does not start until at.
-	Gate func(r *Retry, now time.Time) (at time.Time, held bool)
 }
 
 // ErrorKind classifies a refused transition; the service maps it to a gRPC
@@ -140,9 +137,6 @@ type Retry struct {
 	delayMs    uint64
 	// startedAt is when a started retry started, in Unix nanoseconds.
 	startedAt int64
-	// heldUntil is when to ask the start gate again, in Unix nanoseconds
-	// (see HeldUntil).
-	heldUntil int64
 	// due is when the backoff ends, in Unix nanoseconds (see Due).
 	due int64
 	// seq is the sequence of the event that scheduled it, once its step
@@ -197,16 +191,6 @@ func (r *Retry) Done() <-chan struct{} {
 
 // Due is when the retry's backoff ends: its scheduled start.
 func (r *Retry) Due() time.Time { return time.Unix(0, r.due) }
-
-// HeldUntil is when to ask the start gate again after it held the due
-// retry back (see Env.Gate), or the zero time; Due, the scheduled time,
-// never changes.
-func (r *Retry) HeldUntil() time.Time {
-	if r.heldUntil == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, r.heldUntil)
-}
 
 // Provider is the provider whose failure the retry retries.
 func (r *Retry) Provider() string { return r.chain.Key.Provider }
@@ -580,24 +564,22 @@ type Failure struct {
 	// BackoffTrace is the W3C traceparent of the backoff span the service
 	// opened for a retry this failure may schedule.
 	BackoffTrace string
-	// Fleet, when set, sees the policy's decision of a new (not replayed)
-	// failure and may delegate it or lengthen its delay.
-	Fleet FleetHook
-	// FleetKey names the fleet state Fleet decides with. A store whose
-	// replicas share fleet state (Redis) reads that state in the same
-	// transaction as the session, binds Fleet to it before the transition
-	// and saves it with the session; other stores leave Fleet as it is.
-	FleetKey string
+	// FleetKey names the fleet protection state of the failure's (tenant,
+	// provider) in the store, and FleetConfig is its configuration; an
+	// empty FleetKey: the provider is not protected. The store reads that
+	// state in the transaction that reads the session, hands it to Fail,
+	// and saves the state Fail returns (FailOutcome.Fleet) with the
+	// session.
+	FleetKey    string
+	FleetConfig fleet.Config
 }
 
-// FleetHook is fleet protection as the engine sees it: told of every new
-// decision a policy made, it answers the decision to apply (package fleet's
-// budget, circuit and fleet-wide pacing, kept by the service).
-type FleetHook interface {
-	Decided(p *policy.Policy, a policy.Attempt, d policy.Decision, now time.Time) policy.Decision
-	// Bind makes the hook decide with state, a store's copy that the
-	// store's transaction serialises.
-	Bind(state *fleet.ProviderState)
+// Fleet is fleet protection of a retry's provider as Start takes it: the
+// configuration, and the state the store read in the transaction that
+// reads the session.
+type Fleet struct {
+	Config fleet.Config
+	State  fleet.ProviderState
 }
 
 // FailOutcome is what Fail changed.
@@ -612,6 +594,13 @@ type FailOutcome struct {
 	// PreviousAttempts are the traceparents of the chain's earlier failed
 	// attempts (not this one), oldest first, for span links.
 	PreviousAttempts []string
+	// Fleet is the fleet state to save with the session when FleetChanged:
+	// a new decision of a failure with a FleetKey changes it.
+	Fleet        fleet.ProviderState
+	FleetChanged bool
+	// FleetQueued is set when fleet protection admitted Scheduled: Fleet
+	// counts it queued until it starts or is dropped (fleet.Dropped).
+	FleetQueued bool
 }
 
 // Fail decides one failed step. A step is decided at most twice (see
@@ -624,7 +613,12 @@ type FailOutcome struct {
 // older step, even one reported exactly as before), the recorded answer,
 // STEP_RECORD_CONFLICT or DELEGATION_CANCELLED (an answered step), and
 // RETRY_PENDING (TestRefusalPrecedence).
-func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
+//
+// With f.FleetKey, fleetState is the provider's fleet state as the store
+// read it: a new decision goes through fleet.Decide, and the state after it
+// comes back in the outcome for the store to save. Without, fleetState is
+// not used.
+func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (FailOutcome, error) {
 	req := f.Request
 	pos := position{req.GetTurn(), req.GetStep()}
 	phase := phaseOf(req.GetDownstream())
@@ -689,8 +683,9 @@ func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 			HasDeadline: hasDeadline,
 		}
 		d := p.Decide(a, env.Now, env.Rand)
-		if f.Fleet != nil {
-			d = f.Fleet.Decided(p, a, d, env.Now)
+		if f.FleetKey != "" {
+			fd := fleet.Decide(f.FleetConfig, fleetState, p, a, d, env.Now, env.Rand)
+			d, out.Fleet, out.FleetChanged, out.FleetQueued = fd.Decision, fd.State, true, fd.Queued
 		}
 		if p.Mode == retrydv1.Mode_MODE_ALWAYS && d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
 			at := pos // only this branch keeps a pointer: pos stays on the stack
@@ -836,21 +831,39 @@ func (s *Session) closeChain(env Env, c *Chain, reason retrydv1.CloseReason) *re
 	return s.event(env, &x.ev, &x.time)
 }
 
-// Start records that r's backoff ended with an awaiter present. It reports
-// false (and records nothing) unless r is pending: Started happens once.
-// r's awaiters are released by the store's next Commit.
+// StartOutcome is what Start changed.
+type StartOutcome struct {
+	// Event is the RetryStarted event to append; nil when the retry did not
+	// start.
+	Event *retrydv1.Event
+	// HeldUntil is set when fleet protection held the due retry back: when
+	// to try again. Due, the scheduled time, never changes.
+	HeldUntil time.Time
+	// Fleet is the fleet state to save with the session when FleetChanged.
+	Fleet        fleet.ProviderState
+	FleetChanged bool
+}
+
+// Start records that r's backoff ended with an awaiter present. It records
+// nothing unless r is pending: Started happens once. r's awaiters are
+// released by the store's next Commit.
 //
-// With env.Gate, a retry the gate holds does not start: Start returns
-// false with r.HeldUntil() set to when to ask again (in memory only: a
-// restored session asks the gate again when its timer fires).
-func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
+// With fl, the fleet protection of r's provider as the store read it, the
+// retry starts only if fleet.StartDue lets it: a circuit opened since it
+// was scheduled holds it (HeldUntil). The state after that answer comes
+// back in the outcome for the store to save, whether the retry started or
+// not.
+func (s *Session) Start(env Env, r *Retry, fl *Fleet) StartOutcome {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
-		return nil, false
+		return StartOutcome{}
 	}
-	if env.Gate != nil {
-		if at, held := env.Gate(r, env.Now); held {
-			r.heldUntil = at.UnixNano()
-			return nil, false
+	var out StartOutcome
+	if fl != nil {
+		v, next := fleet.StartDue(fl.Config, fl.State, env.Now, env.Rand)
+		out.Fleet, out.FleetChanged = next, true
+		if v.Action == fleet.StartLater {
+			out.HeldUntil = v.At
+			return out
 		}
 	}
 	r.Status = retrydv1.RetryStatus_RETRY_STATUS_STARTED
@@ -868,7 +881,8 @@ func (s *Session) Start(env Env, r *Retry) (*retrydv1.Event, bool) {
 	})
 	x.kind.Started = started
 	x.ev.Kind = &x.kind
-	return s.event(env, &x.ev, started.StartedAt), true
+	out.Event = s.event(env, &x.ev, started.StartedAt)
+	return out
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal

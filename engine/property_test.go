@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
@@ -215,7 +216,7 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 			trail = append(trail, operation{session: rs.s.ID, what: "Fail", req: req})
 			if op >= 55 {
 				cp := rs.s.Checkpoint()
-				rs.s.Fail(e, Failure{Request: req, Policy: p})
+				rs.s.Fail(e, Failure{Request: req, Policy: p}, fleet.ProviderState{})
 				rs.s.Revert(cp)
 				trail[len(trail)-1].what = "Fail (reverted)"
 				continue
@@ -225,7 +226,7 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 			if pos := (position{req.GetTurn(), req.GetStep()}); !rs.seen || pos != rs.latest {
 				answered = false
 			}
-			out, err := rs.s.Fail(e, Failure{Request: req, Policy: p})
+			out, err := rs.s.Fail(e, Failure{Request: req, Policy: p}, fleet.ProviderState{})
 			switch {
 			case err != nil && len(out.Events) > 0:
 				return failf("a refused report logged %d events: %v", len(out.Events), err)
@@ -250,8 +251,8 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 		case op < 75:
 			if r := rs.s.Pending(); r != nil {
 				trail = append(trail, operation{session: rs.s.ID, what: "Start " + r.ID})
-				ev, ok := rs.s.Start(e, r)
-				if !ok {
+				ev := rs.s.Start(e, r, nil).Event
+				if ev == nil {
 					return failf("the pending retry %s did not start", r.ID)
 				}
 				if !logged(rs, []*retrydv1.Event{ev}) {

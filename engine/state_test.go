@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/fleet"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
@@ -89,7 +90,7 @@ func script(t *testing.T) []step {
 				Policy:       p,
 				AttemptTrace: fmt.Sprintf("00-%032x-%016x-01", turn*1000+st, st+1),
 				BackoffTrace: fmt.Sprintf("00-%032x-%016x-01", turn*1000+st, st+2),
-			})
+			}, fleet.ProviderState{})
 			r := result{err: errString(err)}
 			if out.Response != nil {
 				r.msgs = append(r.msgs, out.Response)
@@ -108,8 +109,8 @@ func script(t *testing.T) []step {
 			return result{err: "no pending retry"}
 		}
 		r := s.Pending()
-		ev, ok := s.Start(e, r)
-		if !ok {
+		ev := s.Start(e, r, nil).Event
+		if ev == nil {
 			return result{err: "not started"}
 		}
 		return result{msgs: []proto.Message{ev, r.State()}}
@@ -352,7 +353,7 @@ func TestRestoreRefusesInconsistentSnapshots(t *testing.T) {
 	normal := resolve(t, nil)
 	s := NewSession("s", base)
 	if _, err := s.Fail(env(0), Failure{Policy: normal, Request: &retrydv1.FailedStepRequest{
-		SessionId: "s", Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}}}); err != nil {
+		SessionId: "s", Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}}}, fleet.ProviderState{}); err != nil {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*statev1.Session){

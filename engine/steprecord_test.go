@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
@@ -42,15 +43,15 @@ func (r *recorder) log(evs []*retrydv1.Event) {
 
 func (r *recorder) fail(req *retrydv1.FailedStepRequest, p *policy.Policy) (FailOutcome, error) {
 	r.t.Helper()
-	out, err := r.s.Fail(r.env(), Failure{Request: req, Policy: p})
+	out, err := r.s.Fail(r.env(), Failure{Request: req, Policy: p}, fleet.ProviderState{})
 	r.log(out.Events)
 	return out, err
 }
 
 func (r *recorder) start() {
 	r.t.Helper()
-	ev, ok := r.s.Start(r.env(), r.s.Pending())
-	if !ok {
+	ev := r.s.Start(r.env(), r.s.Pending(), nil).Event
+	if ev == nil {
 		r.t.Fatal("the pending retry did not start")
 	}
 	r.log([]*retrydv1.Event{ev})

@@ -17,6 +17,11 @@
 //   - Succeeded, for every success (StepSucceeded);
 //   - Snapshot, to read it.
 //
+// Decide and StartDue are the two a store's transitions run (through the
+// engine) with the state it read with the session: Failed and Admit for
+// one failure, Start for one due retry, each on a copy, returning the
+// state to save.
+//
 // # Sizing the budget
 //
 // The budget is a token bucket: a first attempt costs nothing, a retry takes

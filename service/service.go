@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/admission"
 	"github.com/retryd/retryd/config"
 	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
 	"go.opentelemetry.io/otel/metric"
@@ -44,6 +45,21 @@ type Store interface {
 	GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error)
 	// WatchEvents streams the event log.
 	WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error
+
+	// Every store keeps fleet protection's state, one fleet.ProviderState
+	// per key (FleetKey: a tenant and a provider). FailedStep reads and
+	// saves it in the session's own transaction (engine.Failure's
+	// FleetKey), and so does the start of a due retry of a protected
+	// provider (the store knows the configuration from the state it
+	// keeps); these are the other operations on it.
+
+	// FleetState reads the state under key; a missing one is the zero
+	// (fresh) state.
+	FleetState(ctx context.Context, key string) (fleet.ProviderState, error)
+	// UpdateFleet applies report r at now to the state under key
+	// atomically (fleet.Apply), and keeps cfg as the configuration the
+	// state is decided with.
+	UpdateFleet(ctx context.Context, key string, cfg fleet.Config, r fleet.Report, now time.Time) error
 }
 
 // ErrShutdown is returned by stores whose streams end because the server is
@@ -159,9 +175,6 @@ func New(store Store, opts ...Option) (*Service, error) {
 		return nil, err
 	}
 	s.fleets = newFleets(s.policies, store, s.now, s.log)
-	if g, ok := store.(GatedStore); ok {
-		g.SetStartGate(s.fleets)
-	}
 	if err := registerStoreGauges(s.mp, store); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
@@ -183,14 +196,12 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 		return nil, toStatus(err)
 	}
 	tenantID, _ := SplitSessionID(scope)
-	fh := s.fleets.hook(&f, tenantID, now)
+	fe := s.fleets.protect(&f, tenantID, now)
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
 	s.adm.Decided(held, out, err)
-	if fh != nil {
-		s.fleets.scheduled(ctx, fh, out, err, s.now())
-	}
+	s.fleets.scheduled(fe, out, err)
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),

@@ -42,8 +42,9 @@ type Store interface {
 // Awaiter is one stream's hold on a retry, from Attach to Detach.
 type Awaiter interface {
 	// Start starts the retry if it is still pending and due: its awaiter
-	// is here. A start the fleet's start gate holds back waits for the
-	// gate; a store that cannot record the start returns its error.
+	// is here. A start fleet protection holds back (engine.Session.Start)
+	// waits for the time it names, on the store's timer; a store that
+	// cannot record the start returns its error.
 	Start(ctx context.Context) error
 	// Wait returns the retry's terminal message once it has one — or
 	// Cancelled (reason shutdown) when the store stops first — or ctx's

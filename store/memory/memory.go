@@ -102,10 +102,7 @@ type Store struct {
 	timers *timerHeap
 
 	awaiters atomic.Int64
-	// gate is fleet protection's start gate (see service.StartGate), set
-	// once by the service; gateRetry is the method value engine.Env takes.
-	gate      atomic.Pointer[service.StartGate]
-	gateRetry func(r *engine.Retry, now time.Time) (time.Time, bool)
+	fleets   fleetStates // see fleet.go
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -135,7 +132,6 @@ func New(cfg Config) *Store {
 		timers:  newTimerHeap(),
 		closing: make(chan struct{}),
 	}
-	s.gateRetry = s.startGate
 	for i := range s.shards {
 		s.shards[i].sessions = newTable(sessionID)
 		s.index[i].retries = newTable(retryID)
@@ -243,27 +239,14 @@ func (s *Store) commit(changes ...change) error {
 }
 
 func (s *Store) env() engine.Env {
-	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID, Gate: s.gateRetry}
+	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID}
 }
 
-var _ service.GatedStore = (*Store)(nil)
-
-// SetStartGate implements service.GatedStore.
-func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
-
-// startGate asks the gate, if any, whether the due retry r may start.
-func (s *Store) startGate(r *engine.Retry, now time.Time) (time.Time, bool) {
-	g := s.gate.Load()
-	if g == nil {
-		return time.Time{}, false
-	}
-	return (*g).Start(r.SessionID, r.Provider(), nil, now)
-}
-
-// held re-arms the due timer of a retry the start gate held back.
-func (s *Store) held(r *engine.Retry) {
-	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(r.HeldUntil()) {
-		s.timers.push(r.HeldUntil(), r, timerDue)
+// held re-arms the due timer of a retry fleet protection held back until
+// at.
+func (s *Store) held(r *engine.Retry, at time.Time) {
+	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(at) {
+		s.timers.push(at, r, timerDue)
 	}
 }
 
@@ -322,12 +305,13 @@ func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutc
 		sess = engine.NewSession(id, env.Now)
 	}
 	cp := s.checkpoint(sess)
-	out, err := sess.Fail(env, f)
+	out, err := s.decide(sess, env, f)
 	if err != nil {
 		return engine.FailOutcome{}, err
 	}
 	if len(out.Events) > 0 { // a repeated report changes nothing
 		if err := s.commit(change{sess: sess, cp: cp, events: out.Events}); err != nil {
+			s.undecided(f, out, env.Now)
 			return engine.FailOutcome{}, err
 		}
 	}
@@ -422,14 +406,14 @@ func (a *awaiter) Start(context.Context) error {
 		return nil
 	}
 	cp := s.checkpoint(sess)
-	ev, ok := sess.Start(s.env(), r)
-	if !ok {
-		s.held(r)
+	out := s.start(sess, s.env(), r)
+	if out.Event == nil {
+		s.held(r, out.HeldUntil)
 		return nil
 	}
 	// Not recorded: not started; the agent awaits again, the abandon
 	// timer still runs.
-	return s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}})
+	return s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{out.Event}})
 }
 
 // Wait implements await.Awaiter.
@@ -610,9 +594,9 @@ func (s *Store) fire(e timerEntry) {
 	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
 	case e.kind == timerDue && r.Awaiters > 0:
 		cp := s.checkpoint(sess)
-		if ev, ok := sess.Start(s.env(), r); !ok {
-			s.held(r)
-		} else if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{ev}}); err != nil {
+		if out := s.start(sess, s.env(), r); out.Event == nil {
+			s.held(r, out.HeldUntil)
+		} else if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{out.Event}}); err != nil {
 			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
 		}
 	case e.kind == timerDue:
@@ -637,7 +621,9 @@ func (s *Store) runExpiry() {
 		case <-s.closing:
 			return
 		case <-t.C:
-			s.expire(s.cfg.Now().Add(-s.cfg.ChainTTL))
+			now := s.cfg.Now()
+			s.expire(now.Add(-s.cfg.ChainTTL))
+			s.fleets.expire(now.Add(-fleetTTL))
 		}
 	}
 }

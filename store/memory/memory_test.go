@@ -72,7 +72,7 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 	}
 	sh, h := s.shardOf("open")
 	sh.mu.Lock()
-	if ev, ok := sh.sessions.get(h, "open").Start(s.env(), r); ok {
+	if ev := sh.sessions.get(h, "open").Start(s.env(), r, nil).Event; ev != nil {
 		s.log.append(ev)
 	}
 	sh.mu.Unlock()
@@ -200,7 +200,7 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 		}
 		sh, h := s.shardOf(id)
 		sh.mu.Lock()
-		if ev, ok := sh.sessions.get(h, id).Start(s.env(), r); ok {
+		if ev := sh.sessions.get(h, id).Start(s.env(), r, nil).Event; ev != nil {
 			s.log.append(ev)
 		}
 		sh.sessions.get(h, id).Commit()

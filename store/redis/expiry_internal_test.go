@@ -48,8 +48,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	}
 	// The retry starts: its chain stays open.
 	err = s.update(ctx, "s", func(tx *txn) error {
-		ev, _ := tx.sess.Start(tx.env, tx.sess.Retry(first.Scheduled.ID))
-		tx.changed(ev)
+		tx.changed(tx.sess.Start(tx.env, tx.sess.Retry(first.Scheduled.ID), nil).Event)
 		tx.clearTimer(first.Scheduled.ID)
 		return nil
 	})

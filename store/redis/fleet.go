@@ -8,101 +8,171 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
 	"github.com/retryd/retryd/fleet"
 	"github.com/retryd/retryd/service"
 )
 
 // Fleet protection state (one fleet.ProviderState per tenant and
-// provider, as JSON) lives in retryd:fleet:KEY, so every replica decides
-// with one budget and one circuit per provider. FailedStep reads and saves
-// it in the session's own commit, which checks it: a decision and
-// the budget token it took are committed together or not at all. In the
+// provider, with its configuration, as JSON) lives in retryd:fleet:KEY, so
+// every replica decides with one budget and one circuit per provider.
+// FailedStep and the start of a due retry read it and save it in the
+// session's own commit, which checks it: a decision and the budget token
+// it took are committed together or not at all. In the
 // single layout the key has no hash tag; in the partitioned layout it is a
 // partition's key, so that it shares the session's slot: each partition
 // then holds a state of its own. With more than one partition that splits
 // a provider's budget and circuit, so the server refuses fleet protection
 // there (see Store.Partitions); with one partition there is one state.
 
-var _ service.SharedFleet = (*Store)(nil)
-
 // fleetTTL is how long an untouched fleet state is kept. By then a budget
 // has refilled and a window is empty: a new state is as good.
 const fleetTTL = time.Hour
 
-// decodeFleet reads a stored state; a missing key is the fresh state.
-func decodeFleet(cmd *redis.StringCmd) (*fleet.ProviderState, error) {
-	st := &fleet.ProviderState{}
+// fleetRecord is a fleet state as the store keeps it: the state, and the
+// configuration it is decided with, which a due retry's start needs
+// whichever replica starts it. Its JSON is the state's fields with
+// "config" beside them, so a state stored without one still reads (as
+// one that protects nothing until its next decision).
+type fleetRecord struct {
+	fleet.ProviderState
+	Config *fleet.Config `json:"config,omitempty"`
+}
+
+// decodeFleet reads a stored record; a missing key is the fresh state.
+func decodeFleet(cmd *redis.StringCmd) (*fleetRecord, error) {
 	b, err := cmd.Bytes()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return st, nil
+		return &fleetRecord{}, nil
 	case err != nil:
 		return nil, unavailable("reading fleet state", err)
 	}
 	return decodeFleetJSON(b), nil
 }
 
-// decodeFleetJSON decodes a stored state; empty is the fresh state.
-func decodeFleetJSON(b []byte) *fleet.ProviderState {
-	st := &fleet.ProviderState{}
+// decodeFleetJSON decodes a stored record; empty is the fresh state.
+func decodeFleetJSON(b []byte) *fleetRecord {
+	rec := &fleetRecord{}
 	if len(b) == 0 {
-		return st
+		return rec
 	}
-	if err := json.Unmarshal(b, st); err != nil {
+	if err := json.Unmarshal(b, rec); err != nil {
 		// Damaged state is replaced by a fresh one rather than blocking
 		// every decision of the provider: it only ever protects.
-		return &fleet.ProviderState{}
+		return &fleetRecord{}
 	}
-	return st
+	return rec
 }
 
-// recallFleets returns the fleet states a group's failures decide with, as
-// this replica knows them, and adds their checks to c.
-func (s *Store) recallFleets(c *commit, part int, keys []string) map[string]*fleet.ProviderState {
-	if len(keys) == 0 {
-		return nil
-	}
-	out := make(map[string]*fleet.ProviderState, len(keys))
-	for _, k := range keys {
-		s.recallFleet(c, part, out, k)
-	}
-	return out
+// fleetView is the fleet states a group's transitions decide with: each
+// read once, as this replica knows it, with a check that the commit still
+// finds it so; shared by the group's transitions in their order; and the
+// ones they changed written with the group.
+type fleetView struct {
+	s       *Store
+	c       *commit
+	part    int
+	records map[string]*fleetRecord
+	changed map[string]bool
 }
 
-// writeFleets adds the group's fleet states to its commit.
-func (s *Store) writeFleets(ctx context.Context, p *commit, part int, states map[string]*fleet.ProviderState) error {
-	for k, st := range states {
-		b, err := json.Marshal(st)
+func (s *Store) newFleetView(c *commit, part int) *fleetView {
+	return &fleetView{s: s, c: c, part: part}
+}
+
+// get returns the record under key as the group has it.
+func (v *fleetView) get(key string) *fleetRecord {
+	if rec := v.records[key]; rec != nil {
+		return rec
+	}
+	k := v.s.keys.fleetKey(v.part, key)
+	raw := v.s.known.get(k).raw
+	v.c.checkValue(k, raw)
+	rec := decodeFleetJSON([]byte(raw))
+	if v.records == nil {
+		v.records = map[string]*fleetRecord{}
+	}
+	v.records[key] = rec
+	return rec
+}
+
+// save keeps the state a transition returned, to be written with the
+// group.
+func (v *fleetView) save(key string, cfg fleet.Config, st fleet.ProviderState) {
+	rec := v.get(key)
+	rec.ProviderState, rec.Config = st, &cfg
+	if v.changed == nil {
+		v.changed = map[string]bool{}
+	}
+	v.changed[key] = true
+}
+
+// write adds the changed states to the group's commit.
+func (v *fleetView) write(ctx context.Context) error {
+	for key := range v.changed {
+		b, err := json.Marshal(v.records[key])
 		if err != nil {
 			return fmt.Errorf("redis store: encoding fleet state: %w", err)
 		}
-		p.Set(ctx, s.keys.fleetKey(part, k), b, fleetTTL)
+		v.c.Set(ctx, v.s.keys.fleetKey(v.part, key), b, fleetTTL)
 	}
 	return nil
 }
 
-// FleetState implements service.SharedFleet.
+// decide runs Fail with the fleet state f names, and keeps the state it
+// returns for the group's commit.
+func (t *txn) decide(f engine.Failure) (engine.FailOutcome, error) {
+	var st fleet.ProviderState
+	if f.FleetKey != "" {
+		st = t.fleets.get(f.FleetKey).ProviderState
+	}
+	out, err := t.sess.Fail(t.env, f, st)
+	if err == nil && out.FleetChanged {
+		t.fleets.save(f.FleetKey, f.FleetConfig, out.Fleet)
+	}
+	return out, err
+}
+
+// start runs Start with the fleet state of r's provider when one is kept
+// with its configuration (a provider never protected has none, nor one
+// whose state expired, which would let every retry start anyway), and
+// keeps the state it returns for the group's commit.
+func (t *txn) start(r *engine.Retry) engine.StartOutcome {
+	key := service.FleetKeyOf(r.SessionID, r.Provider())
+	rec := t.fleets.get(key)
+	if rec.Config == nil {
+		return t.sess.Start(t.env, r, nil)
+	}
+	out := t.sess.Start(t.env, r, &engine.Fleet{Config: *rec.Config, State: rec.ProviderState})
+	if out.FleetChanged {
+		t.fleets.save(key, *rec.Config, out.Fleet)
+	}
+	return out
+}
+
+// FleetState implements service.Store.
 func (s *Store) FleetState(ctx context.Context, key string) (fleet.ProviderState, error) {
-	st, err := decodeFleet(s.rdb.Get(ctx, s.keys.fleetKey(0, key)))
+	rec, err := decodeFleet(s.rdb.Get(ctx, s.keys.fleetKey(0, key)))
 	if err != nil {
 		return fleet.ProviderState{}, err
 	}
-	return *st, nil
+	return rec.ProviderState, nil
 }
 
-// UpdateFleet implements service.SharedFleet: an optimistic transaction on
+// UpdateFleet implements service.Store: an optimistic transaction on
 // the one key, run again when a decision or another replica changed it
 // meanwhile.
-func (s *Store) UpdateFleet(ctx context.Context, key string, fn func(*fleet.ProviderState)) error {
+func (s *Store) UpdateFleet(ctx context.Context, key string, cfg fleet.Config, r fleet.Report, now time.Time) error {
 	k := s.keys.fleetKey(0, key)
 	for range maxAttempts {
 		err := s.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			st, err := decodeFleet(tx.Get(ctx, k))
+			rec, err := decodeFleet(tx.Get(ctx, k))
 			if err != nil {
 				return err
 			}
-			fn(st)
-			b, err := json.Marshal(st)
+			rec.ProviderState, rec.Config = fleet.Apply(cfg, rec.ProviderState, r, now), &cfg
+			b, err := json.Marshal(rec)
 			if err != nil {
 				return fmt.Errorf("redis store: encoding fleet state: %w", err)
 			}
@@ -120,26 +190,4 @@ func (s *Store) UpdateFleet(ctx context.Context, key string, fn func(*fleet.Prov
 		}
 	}
 	return fmt.Errorf("redis store: fleet state %q: %d transactions lost to concurrent writers: %w", key, maxAttempts, service.ErrUnavailable)
-}
-
-var _ service.GatedStore = (*Store)(nil)
-
-// SetStartGate implements service.GatedStore: a due retry starts only if
-// the gate, deciding on the fleet state read in the same transaction,
-// lets it.
-func (s *Store) SetStartGate(g service.StartGate) { s.gate.Store(&g) }
-
-// recallFleet returns a fleet state as this replica knows it (one the
-// group needs, or a due retry's provider's for the start gate), and adds
-// its check to c, once per key.
-func (s *Store) recallFleet(c *commit, part int, states map[string]*fleet.ProviderState, key string) *fleet.ProviderState {
-	if st := states[key]; st != nil {
-		return st
-	}
-	k := s.keys.fleetKey(part, key)
-	raw := s.known.get(k).raw
-	c.checkValue(k, raw)
-	st := decodeFleetJSON([]byte(raw))
-	states[key] = st
-	return st
 }

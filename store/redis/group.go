@@ -13,7 +13,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
-	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
 )
@@ -43,9 +42,9 @@ type txn struct {
 	events    []*retrydv1.Event
 	forgotten []*engine.Retry
 	timers    map[string]*float64 // member → score; nil removes it
-	// fleets are the fleet states the group read (see fleet.go), shared
-	// by every transition of the group; all are saved with it.
-	fleets map[string]*fleet.ProviderState
+	// fleets are the fleet states of the group (see fleet.go), shared by
+	// every transition of the group; those changed are saved with it.
+	fleets *fleetView
 }
 
 func (t *txn) changed(evs ...*retrydv1.Event) {
@@ -293,21 +292,8 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	}
 	c := newCommit()
 	sessions, last := s.recall(c, p, ids)
-	fleets := s.recallFleets(c, p, fleetKeys)
+	fleets := s.newFleetView(c, p)
 	env := s.env(p)
-	var gateErr error
-	if g := s.gate.Load(); g != nil {
-		if fleets == nil {
-			fleets = map[string]*fleet.ProviderState{}
-		}
-		env.Gate = func(r *engine.Retry, now time.Time) (time.Time, bool) {
-			key, ok := (*g).FleetKey(r.SessionID, r.Provider())
-			if !ok {
-				return time.Time{}, false
-			}
-			return (*g).Start(r.SessionID, r.Provider(), s.recallFleet(c, p, fleets, key), now)
-		}
-	}
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
 		l := sessions[i]
@@ -319,9 +305,6 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		if errs[i] = sessions[index[r.id]].damaged; errs[i] == nil {
 			errs[i] = r.fn(txns[index[r.id]])
 		}
-	}
-	if gateErr != nil {
-		return gateErr
 	}
 	base := s.sequenceBase(last)
 	seq := base
@@ -374,7 +357,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 
 // writeAll adds a group's writes to its commit: the sessions' (see
 // write), the counter, the fleet states and the population counters.
-func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets map[string]*fleet.ProviderState, seq, last uint64) error {
+func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets *fleetView, seq, last uint64) error {
 	var pop population
 	for _, t := range txns {
 		var snap []byte
@@ -397,7 +380,7 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 	if seq != last {
 		c.Set(ctx, s.keys.seqKey(p), seq, 0)
 	}
-	if err := s.writeFleets(ctx, c, p, fleets); err != nil {
+	if err := fleets.write(ctx); err != nil {
 		return err
 	}
 	s.count(ctx, c, p, pop)

@@ -167,8 +167,6 @@ type Store struct {
 	// queues[p] holds partition p's transitions waiting for a group
 	// commit (see update).
 	queues []*queue
-	// gate is fleet protection's start gate (see fleet.go).
-	gate atomic.Pointer[service.StartGate]
 
 	// awaiting counts this replica's connected AwaitRetry streams; stats
 	// is the last population read (see stats.go).

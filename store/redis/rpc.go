@@ -30,11 +30,8 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 		if t.sess == nil {
 			t.sess = engine.NewSession(t.id, t.env.Now)
 		}
-		if f.FleetKey != "" && f.Fleet != nil {
-			f.Fleet.Bind(t.fleets[f.FleetKey])
-		}
 		var err error
-		if *out, err = t.sess.Fail(t.env, f); err != nil {
+		if *out, err = t.decide(f); err != nil {
 			return err
 		}
 		if len(out.Events) == 0 {

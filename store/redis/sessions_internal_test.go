@@ -96,7 +96,7 @@ func startRetry(ctx context.Context, s *Store, session, retryID string) error {
 		if r == nil {
 			return fmt.Errorf("no retry %s", retryID)
 		}
-		if ev, ok := tx.sess.Start(tx.env, r); ok {
+		if ev := tx.sess.Start(tx.env, r, nil).Event; ev != nil {
 			tx.changed(ev)
 			tx.clearTimer(retryID)
 		}

@@ -37,11 +37,11 @@ func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 		case now.Before(r.Due()):
 			t.setTimer(r, r.Due())
 		case t.awaiters[retryID] > 0:
-			if ev, ok := t.sess.Start(t.env, r); ok {
-				t.changed(ev)
+			if out := t.start(r); out.Event != nil {
+				t.changed(out.Event)
 				t.clearTimer(retryID)
 			} else {
-				t.setTimer(r, r.HeldUntil()) // held by the start gate
+				t.setTimer(r, out.HeldUntil) // held by fleet protection
 			}
 		case now.Before(s.abandonAt(r)):
 			t.setTimer(r, s.abandonAt(r))

@@ -85,6 +85,9 @@ type request struct {
 	fn    func(*txn) error
 	done  chan error    // the outcome
 	lead  chan struct{} // this caller now commits the next group
+	// bound is when the call fails UNAVAILABLE unless it is answered by
+	// then: the store URL's unavailable_after from when it queued.
+	bound time.Time
 }
 
 // update runs fn on the session in an optimistic transaction and returns
@@ -99,6 +102,20 @@ type request struct {
 // outcome and passes the lead on. Partitions commit independently. The
 // commit runs under its own timeout, not the caller's context: a caller
 // that left must not strand the queue.
+//
+// A call ends within the store URL's bound (unavailable_after) from when
+// it queued, whatever it queued behind: still queued then, it leaves the
+// queue and fails UNAVAILABLE; in a group, the group's first attempt ends
+// at the bound of its earliest caller (see commitGroup).
+//
+// One group of a partition is in flight at a time, holding every caller
+// queued meanwhile (up to maxGroup), so over a slow path a replica commits
+// a group per round trip. Several groups in flight at once would each
+// need a connection of their own (go-redis sends one command at a time on
+// a connection), and over a long round trip a connection that is new or
+// was idle sends a group's few tens of kilobytes in several round trips
+// (TCP slow start): such commits miss the bound, and their connections,
+// closed on the timeout, are replaced by new ones.
 func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
 	return s.updateWithFleet(ctx, id, "", fn)
 }
@@ -112,7 +129,9 @@ func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn fun
 	}
 	p := s.keys.partition(id)
 	q := s.queues[p]
-	req := &request{id: id, fleet: fleetKey, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	bound := s.target.own.unavailableAfter
+	req := &request{id: id, fleet: fleetKey, fn: fn, done: make(chan error, 1), lead: make(chan struct{}, 1),
+		bound: time.Now().Add(bound)}
 	q.mu.Lock()
 	q.reqs = append(q.reqs, req)
 	if !q.leading {
@@ -120,14 +139,44 @@ func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn fun
 		req.lead <- struct{}{}
 	}
 	q.mu.Unlock()
+	expired := time.NewTimer(bound)
+	defer expired.Stop()
 	for {
 		select {
 		case err := <-req.done:
 			return err
 		case <-req.lead:
 			s.lead(p)
+		case <-expired.C:
+			if q.withdraw(req) {
+				return fmt.Errorf("redis store: queued behind a commit: no commit within %s=%v: %w",
+					unavailableAfterParam, bound, service.ErrUnavailable)
+			}
+			// In a group already, which ends within the bound.
 		}
 	}
+}
+
+// withdraw takes r out of the queue unless a group took it already, and
+// reports whether it did; the lead, when r held it, passes on.
+func (q *queue) withdraw(r *request) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := slices.Index(q.reqs, r)
+	if i < 0 {
+		return false
+	}
+	q.reqs = slices.Delete(q.reqs, i, i+1)
+	select {
+	case <-r.lead:
+		if len(q.reqs) > 0 {
+			q.reqs[0].lead <- struct{}{}
+		} else {
+			q.leading = false
+		}
+	default:
+	}
+	return true
 }
 
 // lead commits the group at the head of partition p's queue (the leader's
@@ -161,11 +210,24 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
 	errs := make([]error, len(group))
+	first := time.Time{} // the earliest caller's bound
+	for _, r := range group {
+		if first.IsZero() || r.bound.Before(first) {
+			first = r.bound
+		}
+	}
 	for attempt := range maxAttempts {
 		// Each attempt gets the fail-fast bound: a Redis that does not
 		// answer fails the group UNAVAILABLE within it, while a commit
-		// that lost a race to another replica may try again.
+		// that lost a race to another replica may try again. The first
+		// attempt ends at the earliest caller's bound, so that a call
+		// that queued behind a group waiting on a dead path still ends
+		// within its bound, not twice it.
 		actx, cancelAttempt := s.bounded(ctx)
+		if attempt == 0 && !first.IsZero() {
+			cancelAttempt()
+			actx, cancelAttempt = context.WithDeadline(ctx, first)
+		}
 		err := s.apply(actx, p, group, errs)
 		cancelAttempt()
 		switch {

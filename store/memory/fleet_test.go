@@ -1,0 +1,72 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/retryd/retryd/engine"
+	"github.com/retryd/retryd/fleet"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/service"
+)
+
+// TestFleetStateWithTheDecision: the store keeps the fleet state a
+// decision returned, and a decision whose durable write failed leaves
+// nothing queued, while the failure it counted and the token it took stay
+// spent (the state lives in the process, not on disk).
+func TestFleetStateWithTheDecision(t *testing.T) {
+	t.Parallel()
+	d := newDisk()
+	s := New(Config{Persist: d.persist})
+	defer s.Close()
+	cfg := fleet.DefaultConfig()
+	cfg.Capacity, cfg.RefillPerSecond = 5, 0.0001
+	p, err := policy.Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(session string) error {
+		_, err := s.FailedStep(context.Background(), engine.Failure{Policy: p, FleetKey: "k", FleetConfig: cfg,
+			Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: 1, Step: 1, Provider: "p",
+				Failure: &retrydv1.Failure{Code: "SERVER"}}})
+		return err
+	}
+	if err := decide("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := decide("b"); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.FleetState(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap := st.Snapshot(cfg, s.cfg.Now()); snap.Queued != 2 || snap.Failures != 2 || snap.Tokens > 3.01 {
+		t.Fatalf("after two decisions: %+v, want 2 queued, 2 failures, 3 tokens", snap)
+	}
+
+	d.broken.Store(true)
+	if err := decide("c"); !errors.Is(err, service.ErrUnavailable) {
+		t.Fatalf("with the disk broken: %v, want unavailable", err)
+	}
+	st, _ = s.FleetState(context.Background(), "k")
+	if snap := st.Snapshot(cfg, s.cfg.Now()); snap.Queued != 2 || snap.Failures != 3 || snap.Tokens > 2.01 {
+		t.Fatalf("after a decision that was not written: %+v, want still 2 queued, the failure and its token spent", snap)
+	}
+
+	// The service's reports change the same state.
+	d.broken.Store(false)
+	if err := s.UpdateFleet(context.Background(), "k", cfg, fleet.ReportDropped, s.cfg.Now()); err != nil {
+		t.Fatal(err)
+	}
+	st, _ = s.FleetState(context.Background(), "k")
+	if st.Queued != 1 {
+		t.Fatalf("after a dropped retry: %d queued, want 1", st.Queued)
+	}
+	if got, _ := s.FleetState(context.Background(), "unknown"); got.Queued != 0 || got.TokensAt != (time.Time{}) {
+		t.Errorf("a key never written: %+v, want the fresh state", got)
+	}
+}

@@ -220,6 +220,14 @@ export type Outcome =
     };
 
 /**
+ * The decision an outcome came from, as retryd's spans and metrics name it
+ * (retryd.decision): a retry that was later cancelled was still scheduled.
+ */
+function decisionName(out: Outcome): "schedule" | "delegate" {
+  return out.kind === "delegate" ? "delegate" : "schedule";
+}
+
+/**
  * RecoverAbortedError is what recover rejects with when its signal aborts
  * while it waits for a scheduled retry: recover has cancelled the retry on
  * the server, and `cancelled` (or `started`, if the retry won the race) is
@@ -348,7 +356,8 @@ export class RetrydClient {
    * How many decisions came from the server and how many the client made
    * itself while no replica answered (a copy). The same counts go to the
    * OpenTelemetry counter retryd.client.decisions (attributes
-   * retryd.decision.local and retryd.decision.outcome).
+   * retryd.decision.local, and retryd.decision: schedule or delegate, the
+   * names retryd's own decision spans use).
    */
   stats(): ClientStats {
     return { ...this.#stats };
@@ -544,27 +553,27 @@ export class RetrydClient {
       "retryd.recover",
       {
         attributes: {
-          "retryd.session_id": msg.sessionId,
+          "retryd.session.id": msg.sessionId,
           "retryd.turn": Number(msg.turn),
           "retryd.step": Number(msg.step),
-          "retryd.provider": msg.provider,
+          "gen_ai.provider.name": msg.provider,
           "retryd.failure.code": msg.failure?.code ?? "",
         },
       },
       async (span) => {
         try {
           const out = await this.#recover(msg, options, span);
-          span.setAttribute("retryd.decision.outcome", out.kind);
+          span.setAttribute("retryd.decision", decisionName(out));
           span.setAttribute("retryd.decision.local", out.local);
           if (out.kind === "retry") {
             span.setAttribute("retryd.retry.id", out.schedule.retryId);
             span.setAttribute("retryd.retry.number", out.schedule.retryNumber);
-            span.setAttribute("retryd.retry.delay_ms", Number(out.schedule.delayMs));
+            span.setAttribute("retryd.delay_ms", Number(out.schedule.delayMs));
             span.setAttribute("retryd.retry.local_start", out.localStart);
           } else if (out.kind === "delegate") {
             span.setAttribute("retryd.delegate.reason", DelegateReason[out.delegate.reason] ?? String(out.delegate.reason));
           }
-          this.#decisions.add(1, { "retryd.decision.local": out.local, "retryd.decision.outcome": out.kind });
+          this.#decisions.add(1, { "retryd.decision.local": out.local, "retryd.decision": decisionName(out) });
           return out;
         } catch (err) {
           if (err instanceof RecoverAbortedError) {

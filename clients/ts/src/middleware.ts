@@ -121,10 +121,10 @@ export class Attempts {
     this.span = tracer.startSpan("llm.attempt", {
       links: backoffLink(this.started),
       attributes: {
-        "retryd.session_id": this.position.sessionId,
+        "retryd.session.id": this.position.sessionId,
         "retryd.turn": Number(this.position.turn),
         "retryd.step": Number(this.position.step),
-        "retryd.provider": this.#opts.provider,
+        "gen_ai.provider.name": this.#opts.provider,
         "retryd.attempt": this.attempt,
         ...(this.started !== undefined ? { "retryd.retry.id": this.started.retryId, "retryd.retry.number": this.started.retryNumber } : {}),
       },

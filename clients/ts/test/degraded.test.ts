@@ -155,6 +155,12 @@ test("degraded mode across a SIGKILL and a restart of retryd", { timeout: 180_00
     assert.equal(locals, 5);
     assert.equal(servers, 4);
     assert.equal(spans.filter((s) => s.attributes["retryd.retry.local_start"] === true).length, 1);
+    // They name things as retryd's own spans do (docs/observability.md).
+    for (const s of spans) {
+      assert.ok(["schedule", "delegate"].includes(String(s.attributes["retryd.decision"])), `retryd.decision ${s.attributes["retryd.decision"]}`);
+      assert.equal(typeof s.attributes["gen_ai.provider.name"], "string");
+      assert.equal(typeof s.attributes["retryd.session.id"], "string");
+    }
 
     // The server's own log holds no local record and passes the checker.
     t.diagnostic(await server.verify());

@@ -27,6 +27,7 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/store/redis/redistest"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	yamlv3 "go.yaml.in/yaml/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -154,30 +155,6 @@ func goodValues(t *testing.T) []string {
 	return files
 }
 
-// serviceMonitor is the part of prometheus-operator's ServiceMonitor
-// (monitoring.coreos.com/v1) the chart renders; decoding is strict, so a
-// field the chart adds must be added here.
-type serviceMonitor struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata"`
-	Spec              struct {
-		JobLabel          string `json:"jobLabel"`
-		NamespaceSelector struct {
-			MatchNames []string `json:"matchNames"`
-		} `json:"namespaceSelector"`
-		Selector  metav1.LabelSelector `json:"selector"`
-		Endpoints []struct {
-			Port              string           `json:"port"`
-			Path              string           `json:"path"`
-			Scheme            string           `json:"scheme"`
-			Interval          string           `json:"interval,omitempty"`
-			ScrapeTimeout     string           `json:"scrapeTimeout,omitempty"`
-			Relabelings       []map[string]any `json:"relabelings,omitempty"`
-			MetricRelabelings []map[string]any `json:"metricRelabelings,omitempty"`
-		} `json:"endpoints"`
-	} `json:"spec"`
-}
-
 // rendered is one helm template output, decoded.
 type rendered struct {
 	deployment     *appsv1.Deployment  // the workload with store.kind memory
@@ -188,7 +165,7 @@ type rendered struct {
 	testPod        *corev1.Pod
 	pdb            *policyv1.PodDisruptionBudget
 	hpa            *autoscalingv2.HorizontalPodAutoscaler
-	serviceMonitor *serviceMonitor
+	serviceMonitor *monitoringv1.ServiceMonitor
 	objects        []metav1.Object // every object, for label checks
 }
 
@@ -212,7 +189,7 @@ func newObject(apiVersion, kind string) (any, bool) {
 	case "autoscaling/v2 HorizontalPodAutoscaler":
 		return &autoscalingv2.HorizontalPodAutoscaler{}, true
 	case "monitoring.coreos.com/v1 ServiceMonitor":
-		return &serviceMonitor{}, true
+		return &monitoringv1.ServiceMonitor{}, true
 	}
 	return nil, false
 }
@@ -305,7 +282,7 @@ func render(t *testing.T, valuesFile string) *rendered {
 			setOnce(t, &r.pdb, o)
 		case *autoscalingv2.HorizontalPodAutoscaler:
 			setOnce(t, &r.hpa, o)
-		case *serviceMonitor:
+		case *monitoringv1.ServiceMonitor:
 			setOnce(t, &r.serviceMonitor, o)
 		}
 		r.objects = append(r.objects, obj.(metav1.Object))
@@ -860,7 +837,7 @@ func checkAllOptions(t *testing.T, r *rendered) {
 	if sm == nil || len(sm.Spec.Endpoints) != 1 {
 		t.Fatalf("ServiceMonitor = %+v, want one endpoint", sm)
 	}
-	if ep := sm.Spec.Endpoints[0]; ep.Port != "metrics" || ep.Path != "/metrics" || ep.Scheme != "http" || ep.Interval != "15s" || ep.ScrapeTimeout != "5s" {
+	if ep := sm.Spec.Endpoints[0]; ep.Port != "metrics" || ep.Path != "/metrics" || ep.Scheme == nil || *ep.Scheme != "http" || ep.Interval != "15s" || ep.ScrapeTimeout != "5s" {
 		t.Errorf("ServiceMonitor endpoint = %+v, want http /metrics on port metrics every 15s", ep)
 	}
 	// The endpoint names a port of the Service it selects, whose target is

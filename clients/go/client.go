@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 )
 
@@ -41,6 +42,16 @@ type Client struct {
 	closeOnce sync.Once
 	closeErr  error
 }
+
+// The client's default keepalive: a ping after KeepaliveTime without
+// traffic, the connection closed when no answer comes within
+// KeepaliveTimeout. grpc.WithKeepaliveParams in WithDialOptions replaces
+// it (a server started with a --keepalive-min-time above KeepaliveTime
+// disconnects a client that pings this often).
+const (
+	KeepaliveTime    = 20 * time.Second
+	KeepaliveTimeout = 10 * time.Second
+)
 
 // New creates a client for the retryd server at target (a gRPC target
 // such as "127.0.0.1:7700" or "dns:///retryd.internal:7700") with
@@ -75,6 +86,16 @@ func New(target string, opts ...Option) (*Client, error) {
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{
 			BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second,
 		}, MinConnectTimeout: 5 * time.Second}),
+		// A replica whose path went silent (a partition, a dead NAT
+		// entry) answers no ping within KeepaliveTimeout: the connection
+		// closes, its calls and AwaitRetry streams end UNAVAILABLE and
+		// re-attach through another replica, instead of waiting for the
+		// caller's deadline. KeepaliveTime stays above the server's
+		// default --keepalive-min-time (10s), which disconnects clients
+		// that ping faster.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time: KeepaliveTime, Timeout: KeepaliveTimeout, PermitWithoutStream: true,
+		}),
 	}, o.dialOptions...)
 	if o.token != nil {
 		if err := o.token.check(); err != nil {

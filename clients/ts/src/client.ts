@@ -173,6 +173,11 @@ export type StepSucceededInit = MessageInitShape<typeof StepSucceededRequestSche
 /** A WatchEvents request as an object literal. */
 export type WatchEventsInit = MessageInitShape<typeof WatchEventsRequestSchema>;
 
+/** The interval of keepalive pings on a connection without traffic (a target given as an address). */
+export const KEEPALIVE_TIME_MS = 20_000;
+/** How long a keepalive ping may go unanswered before the connection closes. */
+export const KEEPALIVE_TIMEOUT_MS = 10_000;
+
 /** What {@link RetrydClient.recover} decided for one failed model request. */
 export type Outcome =
   | {
@@ -324,7 +329,15 @@ export class RetrydClient {
         }
         interceptors.push(bearerTokenInterceptor(token.token, { insecure: token.insecure }));
       }
-      this.#sessions = new Http2SessionManager(baseUrl, undefined, options.tls);
+      // A replica whose path went silent answers no ping within 10 s: the
+      // session closes and calls and await streams end and re-attach
+      // through another replica, instead of waiting for their deadline.
+      // 20 s stays above the server's default --keepalive-min-time (10 s).
+      this.#sessions = new Http2SessionManager(
+        baseUrl,
+        { pingIntervalMs: KEEPALIVE_TIME_MS, pingTimeoutMs: KEEPALIVE_TIMEOUT_MS, pingIdleConnection: true },
+        options.tls,
+      );
       transport = createGrpcTransport({ baseUrl, sessionManager: this.#sessions, interceptors });
     } else {
       if (token !== undefined) {

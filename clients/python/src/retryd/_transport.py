@@ -155,6 +155,12 @@ class CallMetadata:
         return out + tuple(extra)
 
 
+KEEPALIVE_TIME_MS = 20_000
+"""The default interval of keepalive pings on a connection without traffic."""
+KEEPALIVE_TIMEOUT_MS = 10_000
+"""How long a ping may go unanswered before the connection is closed."""
+
+
 def channel_options(options: Sequence[Tuple[str, Any]]) -> Tuple[Tuple[str, Any], ...]:
     """The client's channel options: its service config, then the caller's
     (which win)."""
@@ -166,4 +172,12 @@ def channel_options(options: Sequence[Tuple[str, Any]]) -> Tuple[Tuple[str, Any]
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2000),
+        # A replica whose path went silent answers no ping within 10 s:
+        # the connection closes and calls and await streams end
+        # UNAVAILABLE and re-attach through another replica, instead of
+        # waiting for their deadline. 20 s stays above the server's
+        # default --keepalive-min-time (10 s).
+        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
     ) + tuple(options)

@@ -40,11 +40,10 @@ var errConflict = errors.New("redis store: the state changed since it was read")
 // commitScript checks, then writes. KEYS are every key the commit checks
 // or writes; ARGV holds the number of checks, each check (kind, key index,
 // expected), then each write (argument count, command, key index or
-// channel, arguments; the write XADD2 is two XADDs, see XAdd2). Kinds: v,
-// the key's string value ("" when absent); s, the SHA-1 of it; r, the
-// value's last bytes, as many as expected has (a session snapshot's
-// revision, see checkLarge); h, a hash's fields and values, sorted,
-// NUL-separated. It answers 1 once written, or {0, current}: current
+// channel, arguments). Kinds: v, the key's string value ("" when absent);
+// s, the SHA-1 of it; r, the value's last bytes, as many as expected has
+// (a session snapshot's revision, see checkLarge); h, a hash's fields and
+// values, sorted, NUL-separated. It answers 1 once written, or {0, current}: current
 // holds every checked key's value (nil when absent, a hash as its
 // HGETALL), for the replica to decide again on (known.go).
 //
@@ -95,16 +94,10 @@ end
 local n = #argv
 while a <= n do
   local count, name, key = tonumber(argv[a]), argv[a + 1], argv[a + 2]
-  if name == 'XADD2' then
-    local id, e = argv[a + 6], argv[a + 7]
-    call('XADD', keys[tonumber(key)], 'MAXLEN', '~', argv[a + 3], id, 'e', e)
-    call('XADD', keys[tonumber(argv[a + 4])], 'MAXLEN', '~', argv[a + 5], id, 'e', e)
-  else
-    if name ~= 'PUBLISH' then
-      key = keys[tonumber(key)]
-    end
-    call(name, key, unpack(argv, a + 3, a + 1 + count))
+  if name ~= 'PUBLISH' then
+    key = keys[tonumber(key)]
   end
+  call(name, key, unpack(argv, a + 3, a + 1 + count))
   a = a + 2 + count
 end
 return 1
@@ -164,14 +157,18 @@ func (c *commit) checkValue(k, value string) {
 
 // checkLarge: the session key k still holds value ("" for absent),
 // compared so that the value itself does not travel. revision is value's
-// revision suffix when this replica wrote value itself (see
-// revisionSuffix), else "". With one, the script compares the value's
-// last bytes with it: the random token in them was chosen for this value
-// alone. Without one (a value read or learned from a failed check, or
-// written before snapshots had a revision), it compares the SHA-1 of the
-// whole value, which Redis computes in Lua: for a snapshot of a few
-// kilobytes, a tenth of Redis' instructions per decision.
+// revision suffix (see revisionSuffix) when this replica wrote value
+// itself, else "", and then it is taken from value: every snapshot ends
+// with a random token chosen for it alone, so the script compares the
+// stored value's last bytes with it, whoever wrote it. Only a value
+// without one (absent, or a snapshot that does not end with a revision)
+// is compared by the SHA-1 of the whole value, which Redis computes in
+// Lua: for a snapshot of a few kilobytes, a tenth of Redis' instructions
+// per decision.
 func (c *commit) checkLarge(k, value, revision string) {
+	if revision == "" && value != "" {
+		revision = revisionSuffix(unsafe.Slice(unsafe.StringData(value), len(value)))
+	}
 	if revision != "" {
 		c.checks = append(c.checks, "r", c.key(k), revision)
 		c.list = append(c.list, check{"r", k})
@@ -307,15 +304,12 @@ func (c *commit) PExpire(_ context.Context, key string, ttl time.Duration) {
 	c.write("PEXPIRE", key, ms(ttl))
 }
 
-// XAdd2 adds one entry, id with the field e = payload, to two streams (an
-// event goes to its session's stream and its partition's), each trimmed
-// to about its maxLen, with the entry sent once: commitScript runs the
-// write XADD2 stream maxLen stream2 maxLen2 id payload as XADD stream
-// MAXLEN ~ maxLen id e payload and the same on stream2. The payload sent once instead of twice took
-// 8 % off Redis' CPU per decision (BenchmarkKnownSessions, 36 runs each,
-// p = 0.036).
-func (c *commit) XAdd2(_ context.Context, stream string, maxLen int, stream2 string, maxLen2 int, id string, payload []byte) {
-	c.write("XADD2", stream, maxLen, c.key(stream2), maxLen2, id, payload)
+// XAdd appends one entry, id with the field e = payload, to a stream
+// trimmed to about maxLen entries: XADD stream MAXLEN ~ maxLen id e
+// payload. An event is appended once, to its partition's stream, which
+// WatchEvents of one session reads too (rpc.go).
+func (c *commit) XAdd(_ context.Context, stream string, maxLen int, id string, payload []byte) {
+	c.write("XADD", stream, "MAXLEN", "~", maxLen, id, "e", payload)
 }
 
 // ZAdd is ZADD key score member.
@@ -325,11 +319,6 @@ func (c *commit) ZAdd(_ context.Context, key string, score float64, member strin
 
 // ZRem is ZREM key member.
 func (c *commit) ZRem(_ context.Context, key, member string) { c.write("ZREM", key, member) }
-
-// HIncrBy is HINCRBY key field n.
-func (c *commit) HIncrBy(_ context.Context, key, field string, n int64) {
-	c.write("HINCRBY", key, field, n)
-}
 
 // Publish is PUBLISH channel message (a channel is not a key).
 func (c *commit) Publish(_ context.Context, channel, message string) {

@@ -19,6 +19,16 @@ import (
 // replica runs, and the only case in which a session goes without its
 // expired events.
 
+// A session's expiry timer is at or before its expiry, never after: a
+// commit that writes a session whose expiry is no earlier than that of the
+// session it replaces leaves the timer where it is (a ZADD in a sorted
+// set of every session's timers was a tenth of Redis' time per decision),
+// and when it falls due early, expiry sets it again to the session's
+// expiry then. Each write that could move the expiry earlier (a pending
+// retry's end can: its abandon time no longer holds the session) sets the
+// timer. So a session that changes often has its timer moved about once
+// per chain TTL instead of on every change.
+
 // expiryTimer is the retry id part of a session's expiry timer member: no
 // retry id is empty, so " SESSION" never names a retry.
 const expiryTimer = ""

@@ -99,3 +99,80 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 		t.Errorf("stats after the group: %+v, want one session with its open chain and pending retry", st)
 	}
 }
+
+// TestExpiryTimerMovesOnlyEarlier: a write leaves a session's expiry
+// timer where it is unless the session now expires earlier than before;
+// a timer that falls due early is set to the session's expiry then; and
+// the session still expires when it should.
+func TestExpiryTimerMovesOnlyEarlier(t *testing.T) {
+	t.Parallel()
+	s, _, clock := replicaPair(t, false)
+	ctx := context.Background()
+	pol := fixedPolicy(t, time.Hour, 5)
+	timer := func() float64 {
+		t.Helper()
+		v, err := s.rdb.ZScore(ctx, s.keys.timersKey(0), timerMember("s", expiryTimer)).Result()
+		if err != nil {
+			t.Fatalf("the expiry timer: %v", err)
+		}
+		return v
+	}
+	expiry := func() float64 {
+		t.Helper()
+		sess, err := s.loadOne(ctx, "s")
+		if err != nil || sess == nil {
+			t.Fatalf("the session: %v, %v", sess, err)
+		}
+		return *score(s.expiresAt(sess))
+	}
+
+	first, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := timer(), expiry(); got != want {
+		t.Fatalf("a new session's timer is at %v, its expiry %v", got, want)
+	}
+	// The retry starts: the session no longer waits for its abandon time,
+	// so it expires earlier, and the timer moves there.
+	clock.advance(time.Minute)
+	if err := startRetry(ctx, s, "s", first.Scheduled.ID); err != nil {
+		t.Fatal(err)
+	}
+	early := expiry()
+	if got := timer(); got != early {
+		t.Fatalf("after the retry started the timer is at %v, the expiry %v", got, early)
+	}
+	// A new pending retry makes the session expire later: the timer stays.
+	clock.advance(time.Minute)
+	second, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if later := expiry(); later <= early || timer() != early {
+		t.Fatalf("after a new retry: the timer is at %v, the expiry %v, the timer was at %v", timer(), later, early)
+	}
+	// When it falls due, the session is kept and the timer set again.
+	clock.ns.Store(int64(early) * int64(time.Millisecond))
+	if err := s.expireSession(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := timer(), expiry(); got != want {
+		t.Fatalf("after the early timer: the timer is at %v, the expiry %v", got, want)
+	}
+	// Once that retry started too, past its expiry the session goes.
+	clock.advance(time.Minute)
+	if err := startRetry(ctx, s, "s", second.Scheduled.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := timer(), expiry(); got != want {
+		t.Fatalf("after the second retry started the timer is at %v, the expiry %v", got, want)
+	}
+	clock.ns.Store(int64(expiry()+1) * int64(time.Millisecond))
+	if err := s.expireSession(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if sess, err := s.loadOne(ctx, "s"); err != nil || sess != nil {
+		t.Fatalf("past its expiry the session is %v (%v)", sess, err)
+	}
+}

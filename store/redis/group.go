@@ -32,6 +32,10 @@ type txn struct {
 	expired  []string // awaiter entries whose lease ended, deleted on a save
 	env      engine.Env
 	before   population // the session's population as read
+	// stored is the expiry of the session as read (expiresAt, Unix
+	// milliseconds), which its expiry timer is at or before; 0 when there
+	// was no session (see write).
+	stored float64
 
 	save bool // write the session's snapshot
 	// gone is the session as it was when it expired in this transaction
@@ -299,10 +303,10 @@ func (s *Store) load(ctx context.Context, ids []string) ([]loaded, error) {
 // (known.go) — the session its last commit wrote a snapshot from when it
 // still knows that one (knownValue.sess), else the known snapshot
 // decoded — and adds the checks that what it knows still holds — of
-// their keys and of the partition's counter — to c.
-func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint64) {
-	counter := s.known.get(s.keys.seqKey(p)).raw
-	c.checkValue(s.keys.seqKey(p), counter)
+// their keys and of the partition's counters — to c.
+func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, ctr counters) {
+	raw := s.known.get(s.keys.countersKey(p)).raw
+	c.checkValue(s.keys.countersKey(p), raw)
 	now := time.Now().UnixMilli()
 	out = make([]loaded, len(ids))
 	for i, id := range ids {
@@ -316,7 +320,7 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, last uint6
 			out[i] = decodeSession(id, []byte(v.raw), fields, now)
 		}
 	}
-	return out, counterValue(counter)
+	return out, parseCounters(raw)
 }
 
 // loadOne reads one session (nil when it does not exist).
@@ -353,7 +357,8 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		}
 	}
 	c := newCommit()
-	sessions, last := s.recall(c, p, ids)
+	sessions, ctr := s.recall(c, p, ids)
+	last := ctr.seq
 	fleets := s.newFleetView(c, p)
 	env := s.env(p)
 	txns := make([]*txn, len(ids))
@@ -361,6 +366,9 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		l := sessions[i]
 		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: env,
 			before: populationOf(l.sess), fleets: fleets}
+		if l.sess != nil {
+			txns[i].stored = *score(s.expiresAt(l.sess))
+		}
 	}
 	for i, r := range group {
 		// Damaged data refuses the calls that touch it, and only them.
@@ -385,7 +393,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	// alone: its answers (a repeated report's, a refusal) were decided on
 	// what this replica knew, which the checks confirm.
 	if write {
-		if err := s.writeAll(ctx, c, p, txns, fleets, seq, last); err != nil {
+		if err := s.writeAll(ctx, c, p, txns, fleets, ctr, seq); err != nil {
 			return err
 		}
 	}
@@ -418,8 +426,9 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 }
 
 // writeAll adds a group's writes to its commit: the sessions' (see
-// write), the counter, the fleet states and the population counters.
-func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets *fleetView, seq, last uint64) error {
+// write), the fleet states and the partition's counters, which were ctr
+// and now hold seq as the last sequence.
+func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets *fleetView, ctr counters, seq uint64) error {
 	var pop population
 	for _, t := range txns {
 		var snap []byte
@@ -439,14 +448,10 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 		}
 		pop = pop.add(t.delta())
 	}
-	if seq != last {
-		c.Set(ctx, s.keys.seqKey(p), seq, 0)
+	if next := (counters{seq, ctr.pop.add(pop)}); next != ctr {
+		c.Set(ctx, s.keys.countersKey(p), next.String(), 0)
 	}
-	if err := fleets.write(ctx); err != nil {
-		return err
-	}
-	s.count(ctx, c, p, pop)
-	return nil
+	return fleets.write(ctx)
 }
 
 // keyTTL is how long Redis keeps a session's keys after a write. Expiry
@@ -503,19 +508,27 @@ func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl
 // holds each retained retry (see encodeSession).
 func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byte, spans []retrySpan) error {
 	id := t.id
-	ttl := s.cfg.ChainTTL + ttlMargin
 	if t.gone != nil {
 		s.forget(ctx, pl, p, t)
 	}
 	if snap != nil {
-		ttl = s.keyTTL(t.sess, t.env.Now)
+		ttl := s.keyTTL(t.sess, t.env.Now)
 		pl.setSnapshot(ctx, s.keys.sessionKey(id), snap, ttl)
 		s.indexRetries(ctx, pl, p, t, ttl, spans)
+		// The awaiter hash exists only while a stream attached (attach
+		// gives it a TTL of its own); an absent one, which the commit
+		// checks, needs none.
 		if len(t.expired) > 0 {
 			pl.HDel(ctx, s.keys.awaitersKey(id), t.expired...)
 		}
-		pl.PExpire(ctx, s.keys.awaitersKey(id), ttl)
-		t.timer(expiryTimer, score(s.expiresAt(t.sess)))
+		if len(t.awaiters) > 0 {
+			pl.PExpire(ctx, s.keys.awaitersKey(id), ttl)
+		}
+		// The expiry timer moves only when the session now expires before
+		// the one it replaces would have (see expiry.go).
+		if at := score(s.expiresAt(t.sess)); t.gone != nil || t.stored == 0 || *at < t.stored {
+			t.timer(expiryTimer, at)
+		}
 	}
 	for _, r := range t.forgotten {
 		pl.Del(ctx, s.keys.retryKey(p, r.ID))
@@ -526,10 +539,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 			return fmt.Errorf("redis store: encoding event: %w", err)
 		}
 		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
-		pl.XAdd2(ctx, s.keys.streamKey(id), s.cfg.EventLogSize, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
-	}
-	if len(t.events) > 0 {
-		pl.PExpire(ctx, s.keys.streamKey(id), ttl)
+		pl.XAdd(ctx, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
 	}
 	for m, at := range t.timers {
 		if at == nil {

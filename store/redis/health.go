@@ -53,6 +53,11 @@ const appendFsyncParam = "appendfsync"
 // the partitioned key layout of N partitions (see layout.go).
 const partitionsParam = "partitions"
 
+// migrateParam is the URL query parameter (migrate=SCHEMA) that has Open
+// convert data of an older key layout, schema SCHEMA, to this one (see
+// migrate.go).
+const migrateParam = "migrate"
+
 // unavailableAfterParam is the URL query parameter
 // (unavailable_after=DURATION) that bounds how long a call waits for a
 // Redis that does not answer before it fails UNAVAILABLE.
@@ -71,6 +76,9 @@ type ownParams struct {
 	fsyncAlways bool
 	// partitions is 0 when the URL names none.
 	partitions int
+	// migrate is the older schema version the URL asks to convert, 0 when
+	// it names none.
+	migrate int
 	// unavailableAfter is the bound of unavailable_after (see failFast).
 	unavailableAfter time.Duration
 	// dialTimeout and poolTimeout say whether the URL set the Redis
@@ -90,7 +98,7 @@ func storeURL(raw string) (redisURL string, own ownParams, err error) {
 	}
 	q := u.Query()
 	own.dialTimeout, own.poolTimeout = q.Has("dial_timeout"), q.Has("pool_timeout")
-	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) && !q.Has(unavailableAfterParam) {
+	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) && !q.Has(unavailableAfterParam) && !q.Has(migrateParam) {
 		return raw, own, nil
 	}
 	if q.Has(appendFsyncParam) {
@@ -108,6 +116,15 @@ func storeURL(raw string) (redisURL string, own ownParams, err error) {
 		}
 		own.partitions = n
 		q.Del(partitionsParam)
+	}
+	if q.Has(migrateParam) {
+		v := q.Get(migrateParam)
+		if v != strconv.Itoa(legacySchemaVersion) && v != strconv.Itoa(legacyPartitionedSchemaVersion) {
+			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: retryd converts schema %d (the single layout) "+
+				"or %d (the partitioned one)", migrateParam, v, legacySchemaVersion, legacyPartitionedSchemaVersion)
+		}
+		own.migrate, _ = strconv.Atoi(v)
+		q.Del(migrateParam)
 	}
 	if q.Has(unavailableAfterParam) {
 		v := q.Get(unavailableAfterParam)

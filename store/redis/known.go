@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync"
 	"time"
 
@@ -61,9 +60,10 @@ const maxKnown = 1 << 15
 // of sess's retained retries lives, as this replica last wrote it (see
 // indexRetries).
 //
-// revision is raw's revision suffix when this replica's own commit wrote
-// raw (see checkLarge), else "": it travels with raw like keptSession, but
-// stays when a group takes the session, as raw does.
+// revision is raw's revision suffix once a commit checked or wrote raw
+// (see checkLarge), else "" (checkLarge then takes it from raw): it
+// travels with raw like keptSession, but stays when a group takes the
+// session, as raw does.
 type knownValue struct {
 	raw      string
 	fields   map[string]string
@@ -179,10 +179,10 @@ func (s *Store) contended(p int) bool {
 }
 
 // refresh reads the keys a group's commit will check — the partition's
-// counter, the sessions' snapshots and awaiter entries, the fleet states —
+// counters, the sessions' snapshots and awaiter entries, the fleet states —
 // into what the replica knows.
 func (s *Store) refresh(ctx context.Context, p int, ids, fleetKeys []string) error {
-	keys := []string{s.keys.seqKey(p)}
+	keys := []string{s.keys.countersKey(p)}
 	for _, k := range fleetKeys {
 		keys = append(keys, s.keys.fleetKey(p, k))
 	}
@@ -214,10 +214,4 @@ func (s *Store) refresh(ctx context.Context, p int, ids, fleetKeys []string) err
 		s.known.set(s.keys.awaitersKey(id), knownValue{fields: aws[i].Val()})
 	}
 	return nil
-}
-
-// counter parses a sequence counter's value (0 when absent).
-func counterValue(raw string) uint64 {
-	n, _ := strconv.ParseUint(raw, 10, 64)
-	return n
 }

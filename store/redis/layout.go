@@ -75,6 +75,23 @@ func (l layout) schema() string {
 	return strconv.Itoa(PartitionedSchemaVersion) + " partitions=" + strconv.Itoa(len(l.tags))
 }
 
+// legacySchema is the value of the schema key that the same layout's
+// older version (with a stream per session and a population hash)
+// wrote, which migrate converts; legacyVersion is its version.
+func (l layout) legacySchema() string {
+	if l.tags == nil {
+		return strconv.Itoa(legacySchemaVersion)
+	}
+	return strconv.Itoa(legacyPartitionedSchemaVersion) + " partitions=" + strconv.Itoa(len(l.tags))
+}
+
+func (l layout) legacyVersion() int {
+	if l.tags == nil {
+		return legacySchemaVersion
+	}
+	return legacyPartitionedSchemaVersion
+}
+
 // partitioned reports whether this is the partitioned layout.
 func (l layout) partitioned() bool { return l.tags != nil }
 
@@ -107,13 +124,6 @@ func (l layout) sessionKey(id string) string {
 	return l.base(l.partition(id)) + "s:" + id
 }
 
-func (l layout) streamKey(id string) string {
-	if l.tags == nil {
-		return l.prefix + "retryd:{" + id + "}:events"
-	}
-	return l.base(l.partition(id)) + "e:" + id
-}
-
 func (l layout) awaitersKey(id string) string {
 	if l.tags == nil {
 		return l.prefix + "retryd:{" + id + "}:aw"
@@ -123,10 +133,11 @@ func (l layout) awaitersKey(id string) string {
 
 // Keys of a partition.
 
-func (l layout) seqKey(p int) string    { return l.base(p) + "seq" }
-func (l layout) timersKey(p int) string { return l.base(p) + "timers" }
-func (l layout) eventsKey(p int) string { return l.base(p) + "events" }
-func (l layout) statsKey(p int) string  { return l.base(p) + "stats" }
+// countersKey holds the partition's counters: its last event sequence
+// and its population (see counters).
+func (l layout) countersKey(p int) string { return l.base(p) + "counters" }
+func (l layout) timersKey(p int) string   { return l.base(p) + "timers" }
+func (l layout) eventsKey(p int) string   { return l.base(p) + "events" }
 
 // fleetKey is a fleet state's key in partition p.
 func (l layout) fleetKey(p int, key string) string { return l.base(p) + "fleet:" + key }

@@ -46,8 +46,8 @@ func TestPartitionedLayout(t *testing.T) {
 		for _, session := range []string{"s", "tenant\x1fs", "}{", "a-b-3"} {
 			p := l.partition(session)
 			slot := keySlot(l.sessionKey(session))
-			for _, k := range []string{l.streamKey(session), l.awaitersKey(session), l.seqKey(p), l.timersKey(p),
-				l.eventsKey(p), l.statsKey(p), l.fleetKey(p, "t\x1fprovider"), l.retryKey(p, "R")} {
+			for _, k := range []string{l.awaitersKey(session), l.countersKey(p), l.timersKey(p),
+				l.eventsKey(p), l.fleetKey(p, "t\x1fprovider"), l.retryKey(p, "R")} {
 				if keySlot(k) != slot {
 					t.Errorf("%d partitions: %q is in slot %d, the session key %q in %d", n, k, keySlot(k), l.sessionKey(session), slot)
 				}

@@ -65,6 +65,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,10 +80,12 @@ var _ service.Store = (*Store)(nil)
 
 // SchemaVersion is the version of the single key layout, stored in
 // retryd:schema; PartitionedSchemaVersion that of the partitioned one,
-// stored with its number of partitions (see layout.go).
+// stored with its number of partitions (see layout.go). Schemas 1 and 2
+// were their versions with a stream per session and the population in a
+// hash of its own; Open converts them when asked to (migrate.go).
 const (
-	SchemaVersion            = 1
-	PartitionedSchemaVersion = 2
+	SchemaVersion            = 3
+	PartitionedSchemaVersion = 4
 )
 
 // DefaultEventLogSize is roughly how many events the global stream keeps.
@@ -138,9 +141,18 @@ type Config struct {
 type SchemaError struct {
 	// Key is the schema key, Found its value, Want the layout's.
 	Key, Found, Want string
+	// Migrate is the value of the URL parameter migrate that converts the
+	// data found, when this retryd can ("" when it cannot).
+	Migrate string
 }
 
 func (e *SchemaError) Error() string {
+	if e.Migrate != "" {
+		return fmt.Sprintf("redis store: %s holds schema %q, the layout of an older retryd, but this store URL's "+
+			"key layout is schema %q; retryd converts it only when asked to: stop every retryd that uses this "+
+			"Redis, then start one with %s=%s added to the store URL (see docs/storage.md, Schema versions)",
+			e.Key, e.Found, e.Want, migrateParam, e.Migrate)
+	}
 	return fmt.Sprintf("redis store: %s holds schema %q, but this store URL's key layout is schema %q; "+
 		"retryd does not convert data on its own: use the URL (and the retryd version) that wrote it, "+
 		"migrate it explicitly, or use another database or key prefix",
@@ -296,10 +308,17 @@ func (s *Store) checkSchema(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redis store: reading %s at %s: %w", key, s.target, err)
 	}
-	if found != want {
+	if found == want {
+		return nil
+	}
+	legacy := s.keys.legacySchema()
+	if found != legacy {
 		return &SchemaError{Key: key, Found: found, Want: want}
 	}
-	return nil
+	if s.target.own.migrate != s.keys.legacyVersion() {
+		return &SchemaError{Key: key, Found: found, Want: want, Migrate: strconv.Itoa(s.keys.legacyVersion())}
+	}
+	return s.migrate(ctx, key, legacy, want)
 }
 
 // Partitions returns the number of partitions of the key layout: 1 in the

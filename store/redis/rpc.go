@@ -268,22 +268,25 @@ func (s *Store) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetC
 	return sess.Chains(), nil
 }
 
-// WatchEvents implements service.Store: a session's events come from its
-// stream, all events from the partition's stream, or with several
-// partitions from all of theirs merged in sequence order (watchAll).
+// WatchEvents implements service.Store: all events come from the
+// partition's stream, or with several partitions from all of theirs
+// merged in sequence order (watchAll); a session's are those of its
+// partition's stream that name it. Each event is appended once, to its
+// partition's stream: a stream per session as well would double the
+// appends of every decision and hold a whole stream node per session,
+// for the rarer reader of one session, who reads past the other
+// sessions' events instead, as the memory store's log does.
 func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	key := s.keys.eventsKey(0)
-	switch {
-	case req.GetSessionId() != "":
-		key = s.keys.streamKey(req.GetSessionId())
-	case s.keys.partitions() > 1:
+	session := req.GetSessionId()
+	key := s.keys.eventsKey(s.keys.partition(session))
+	if session == "" && s.keys.partitions() > 1 {
 		return s.watchAll(ctx, req, send)
 	}
 	after := req.GetAfterSequence()
 	recheck := time.NewTicker(recheckInterval)
 	defer recheck.Stop()
 	for {
-		notified, release := s.notify.watch(req.GetSessionId())
+		notified, release := s.notify.watch(session)
 		msgs, err := s.rdb.XRangeN(ctx, key, strconv.FormatUint(after+1, 10)+"-0", "+", readBatch).Result()
 		if err != nil {
 			release()
@@ -295,11 +298,14 @@ func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsReques
 				release()
 				return err
 			}
+			after = ev.GetSequence()
+			if session != "" && ev.GetSessionId() != session {
+				continue
+			}
 			if err := send(ev); err != nil {
 				release()
 				return err
 			}
-			after = ev.GetSequence()
 		}
 		if len(msgs) == readBatch {
 			release()

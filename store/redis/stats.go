@@ -2,7 +2,9 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,12 +16,13 @@ var _ service.StatsSource = (*Store)(nil)
 
 // Population gauges. Counting sessions, open chains and pending retries by
 // scanning Redis would cost a SCAN of every key per metrics scrape; instead
-// the commits that change sessions keep three counters in the hash
-// retryd:stats (one per partition). A commit knows each session as it read
-// it (and checks it is unchanged) and as it writes it, so it adds the exact
-// difference, with HINCRBY inside the same commit script: the counters
-// change atomically with the sessions, on whichever replica. A scrape reads
-// them with one HMGET per partition.
+// the commits that change sessions keep them in the partition's counters
+// key, beside its last event sequence (see counters). A commit knows each
+// session as it read it (and checks it is unchanged) and as it writes it,
+// and it checks the counters key too, so it writes the exact new values in
+// the same SET that moves the sequence on: the counters change atomically
+// with the sessions, on whichever replica, at no command of their own. A
+// scrape reads them with one GET per partition.
 //
 // The counters are of the whole Redis (every replica reports the same
 // values: aggregate them with max, not sum); awaiters are the connected
@@ -60,53 +63,63 @@ func (t *txn) delta() population {
 		after.pending - t.before.pending}
 }
 
-// count adds the counters' changes to a commit.
-func (s *Store) count(ctx context.Context, pl *commit, p int, d population) {
-	for _, f := range []struct {
-		name string
-		n    int64
-	}{{"sessions", d.sessions}, {"chains", d.chains}, {"pending", d.pending}} {
-		if f.n != 0 {
-			pl.HIncrBy(ctx, s.keys.statsKey(p), f.name, f.n)
+// counters is the value of a partition's counters key: the sequence of
+// its last event and its population, as "SEQ SESSIONS CHAINS PENDING"
+// (absent: all 0).
+type counters struct {
+	seq uint64
+	pop population
+}
+
+// parseCounters reads a counters key's value; a field that does not parse
+// counts as 0.
+func parseCounters(raw string) counters {
+	var c counters
+	f := strings.Fields(raw)
+	get := func(i int) int64 {
+		if i >= len(f) {
+			return 0
 		}
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		return n
 	}
+	if len(f) > 0 {
+		c.seq, _ = strconv.ParseUint(f[0], 10, 64)
+	}
+	c.pop = population{get(1), get(2), get(3)}
+	return c
+}
+
+// String is the counters key's value.
+func (c counters) String() string {
+	return strconv.FormatUint(c.seq, 10) + " " + strconv.FormatInt(c.pop.sessions, 10) + " " +
+		strconv.FormatInt(c.pop.chains, 10) + " " + strconv.FormatInt(c.pop.pending, 10)
 }
 
 // Stats implements service.StatsSource with one HMGET of the counters.
 func (s *Store) Stats() service.Stats {
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
-	cmds := make([]*redis.SliceCmd, s.keys.partitions())
+	cmds := make([]*redis.StringCmd, s.keys.partitions())
 	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for p := range cmds {
-			cmds[p] = pl.HMGet(ctx, s.keys.statsKey(p), "sessions", "chains", "pending")
+			cmds[p] = pl.Get(ctx, s.keys.countersKey(p))
 		}
 		return nil
 	})
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
-	if err == nil {
+	if err == nil || errors.Is(err, redis.Nil) {
 		var st service.Stats
 		for _, c := range cmds {
-			vals := c.Val()
-			st.Sessions += counter(vals[0])
-			st.OpenChains += counter(vals[1])
-			st.PendingRetries += counter(vals[2])
+			pop := parseCounters(c.Val()).pop
+			st.Sessions += max(pop.sessions, 0)
+			st.OpenChains += max(pop.chains, 0)
+			st.PendingRetries += max(pop.pending, 0)
 		}
 		s.stats = st
 	}
 	st := s.stats
 	st.Awaiters = s.awaiting.Load()
 	return st
-}
-
-// counter reads one HMGET value: absent is 0, and so is a negative count
-// (see the drift above).
-func counter(v any) int64 {
-	str, _ := v.(string)
-	n, err := strconv.ParseInt(str, 10, 64)
-	if err != nil || n < 0 {
-		return 0
-	}
-	return n
 }

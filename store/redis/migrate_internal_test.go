@@ -1,0 +1,167 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store/redis/redistest"
+	"google.golang.org/protobuf/proto"
+)
+
+// TestMigrateLegacyLayout: data of the older layouts (schema 1, and 2
+// with partitions) is refused with an error naming the parameter that
+// converts it, and converted when the URL has it: the sessions, the
+// population and the event numbering carry on, and the older layout's
+// keys are gone.
+func TestMigrateLegacyLayout(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	for _, tc := range []struct {
+		name, query, legacy, want, other string
+	}{
+		{"single", "", "1", "3", "2"},
+		{"partitioned", "?partitions=4", "2 partitions=4", "4 partitions=4", "1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			url, prefix := srv.URL(0)+tc.query, redistest.Prefix()
+			rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+			defer rdb.Close()
+			pol := fixedPolicy(t, time.Hour, 3)
+
+			// Sessions written by this layout, then turned into the older
+			// one's keys as it wrote them.
+			s, err := Open(ctx, Config{URL: url, KeyPrefix: prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sessions := []string{"a", "b", "c", "d", "e"}
+			answers := map[string]*retrydv1.FailedStepResponse{}
+			for _, id := range sessions {
+				out, err := s.FailedStep(ctx, failureOf(pol, id, 1, 1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				answers[id] = out.Response
+			}
+			before := s.Stats()
+			last := lastSequence(t, s)
+			s.Close()
+			var seqTotal uint64
+			for p := range s.keys.partitions() {
+				raw, err := rdb.Get(ctx, s.keys.countersKey(p)).Result()
+				if errors.Is(err, goredis.Nil) {
+					continue
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := parseCounters(raw)
+				seqTotal += c.seq
+				base := s.keys.base(p)
+				if err := rdb.Set(ctx, base+"seq", c.seq, 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.HSet(ctx, base+"stats", "sessions", c.pop.sessions, "chains", c.pop.chains, "pending", c.pop.pending).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := rdb.Del(ctx, s.keys.countersKey(p)).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if seqTotal == 0 {
+				t.Fatal("no partition has counters")
+			}
+			schemaKey := prefix + "retryd:schema"
+			if err := rdb.Set(ctx, schemaKey, tc.legacy, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+
+			// Refused without the parameter, or with another schema's.
+			for _, q := range []string{"", "migrate=" + tc.other} {
+				u := url
+				if q != "" {
+					u += map[bool]string{true: "&", false: "?"}[strings.Contains(u, "?")] + q
+				}
+				_, err := Open(ctx, Config{URL: u, KeyPrefix: prefix})
+				var se *SchemaError
+				want := "migrate=" + strings.Fields(tc.legacy)[0]
+				if !errors.As(err, &se) || se.Found != tc.legacy || se.Want != tc.want || !strings.Contains(err.Error(), want) {
+					t.Fatalf("Open %q over schema %q: %v, want a SchemaError naming %s", q, tc.legacy, err, want)
+				}
+			}
+			if v, _ := rdb.Get(ctx, schemaKey).Result(); v != tc.legacy {
+				t.Fatalf("a refused Open changed the schema to %q", v)
+			}
+
+			migrateURL := url + map[bool]string{true: "&", false: "?"}[strings.Contains(url, "?")] + "migrate=" + strings.Fields(tc.legacy)[0]
+			m, err := Open(ctx, Config{URL: migrateURL, KeyPrefix: prefix})
+			if err != nil {
+				t.Fatalf("Open with migrate: %v", err)
+			}
+			defer m.Close()
+			if v, _ := rdb.Get(ctx, schemaKey).Result(); v != tc.want {
+				t.Errorf("schema after the conversion: %q, want %q", v, tc.want)
+			}
+			for p := range m.keys.partitions() {
+				if n, _ := rdb.Exists(ctx, m.keys.base(p)+"seq", m.keys.base(p)+"stats").Result(); n != 0 {
+					t.Errorf("partition %d still has %d keys of the older layout", p, n)
+				}
+			}
+			if got := m.Stats(); got.Sessions != before.Sessions || got.OpenChains != before.OpenChains ||
+				got.PendingRetries != before.PendingRetries || got.Sessions != int64(len(sessions)) {
+				t.Errorf("population after the conversion: %+v, before: %+v", got, before)
+			}
+			for _, id := range sessions {
+				out, err := m.FailedStep(ctx, failureOf(pol, id, 1, 1))
+				if err != nil {
+					t.Fatalf("FailedStep(%s) repeated after the conversion: %v", id, err)
+				}
+				if !proto.Equal(out.Response, answers[id]) {
+					t.Errorf("FailedStep(%s) repeated after the conversion: %v, before: %v", id, out.Response, answers[id])
+				}
+			}
+			// A new session's events are numbered after every older one.
+			if _, err := m.FailedStep(ctx, failureOf(pol, "f", 1, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if got := lastSequence(t, m); got <= last {
+				t.Errorf("the first event after the conversion has sequence %d, the last before it %d", got, last)
+			}
+			if got := m.Stats().Sessions; got != int64(len(sessions))+1 {
+				t.Errorf("sessions after one more: %d", got)
+			}
+
+			// Opening again with the parameter left in the URL is a no-op.
+			again, err := Open(ctx, Config{URL: migrateURL, KeyPrefix: prefix})
+			if err != nil {
+				t.Fatalf("Open with migrate over converted data: %v", err)
+			}
+			again.Close()
+		})
+	}
+}
+
+// lastSequence is the largest sequence in the event log.
+func lastSequence(t *testing.T, s *Store) uint64 {
+	t.Helper()
+	var last uint64
+	err := s.WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+		last = max(last, ev.GetSequence())
+		return nil
+	})
+	if err != nil && !errors.Is(err, service.ErrShutdown) {
+		t.Fatal(err)
+	}
+	if last == 0 {
+		t.Fatal("no events")
+	}
+	return last
+}

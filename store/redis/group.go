@@ -430,6 +430,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 // and now hold seq as the last sequence.
 func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fleets *fleetView, ctr counters, seq uint64) error {
 	var pop population
+	var changed []string
 	for _, t := range txns {
 		var snap []byte
 		var spans []retrySpan
@@ -447,6 +448,12 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 			c.keep(s.keys.sessionKey(t.id), t.keptSession)
 		}
 		pop = pop.add(t.delta())
+		if t.save || t.gone != nil {
+			changed = append(changed, t.id)
+		}
+	}
+	if len(changed) > 0 {
+		c.Publish(ctx, s.keys.notifyChannel(), notice(changed))
 	}
 	if next := (counters{seq, ctr.pop.add(pop)}); next != ctr {
 		c.Set(ctx, s.keys.countersKey(p), next.String(), 0)
@@ -547,9 +554,6 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 		} else {
 			pl.ZAdd(ctx, s.keys.timersKey(p), *at, m)
 		}
-	}
-	if t.save || t.gone != nil {
-		pl.Publish(ctx, s.keys.channel(id), "")
 	}
 	return nil
 }

@@ -172,20 +172,10 @@ func (l layout) retryPartition(retryID string) (int, bool) {
 	return p, true
 }
 
-// Notifications go to a channel per session, in both layouts: channels
-// are not keys, and PUBLISH reaches every node of a Cluster.
-
-func (l layout) channel(id string) string { return l.prefix + "retryd:{" + id + "}:n" }
-func (l layout) channelPattern() string   { return l.prefix + "retryd:{*}:n" }
-
-// sessionOfChannel returns the session a notification channel belongs to.
-func (l layout) sessionOfChannel(ch string) (string, bool) {
-	rest, ok := strings.CutPrefix(ch, l.prefix+"retryd:{")
-	if !ok {
-		return "", false
-	}
-	return strings.CutSuffix(rest, "}:n")
-}
+// Notifications go to one channel, in both layouts: channels are not
+// keys, and PUBLISH reaches every node of a Cluster. A group commit
+// publishes once, naming every session it changed (see notify.go).
+func (l layout) notifyChannel() string { return l.prefix + "retryd:notify" }
 
 // keySlot is Redis Cluster's hash slot of a key (CRC16/XMODEM of its hash
 // tag, or of the whole key without one, modulo 16384), as CLUSTER KEYSLOT

@@ -2,17 +2,46 @@ package redis
 
 import (
 	"sync"
+
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Notifications. A commit publishes on its session's channel; every
-// replica subscribes and wakes its local awaiters and watchers.
+// Notifications. A group commit publishes one message naming the sessions
+// it changed, each as a length-prefixed string (protobuf's encoding of a
+// bytes value without its tag), on the store's one channel: one PUBLISH
+// per group instead of one per session. Every replica subscribes and wakes
+// its local awaiters and watchers of those sessions.
+
+// notice encodes the sessions a commit changed as a notification.
+func notice(ids []string) string {
+	var b []byte
+	for _, id := range ids {
+		b = protowire.AppendString(b, id)
+	}
+	return string(b)
+}
+
+// noticed returns the sessions a notification names (as many as decode).
+func noticed(msg string) []string {
+	b := []byte(msg)
+	var ids []string
+	for len(b) > 0 {
+		id, n := protowire.ConsumeString(b)
+		if n < 0 {
+			break
+		}
+		ids = append(ids, id)
+		b = b[n:]
+	}
+	return ids
+}
 
 // runNotifications fans the subscription's messages out to local awaiters
 // and watchers.
 func (s *Store) runNotifications() {
 	defer s.wg.Done()
 	for msg := range s.pubsub.Channel() {
-		if id, ok := s.keys.sessionOfChannel(msg.Channel); ok {
+		for _, id := range noticed(msg.Payload) {
 			s.notify.wake(id)
 		}
 	}

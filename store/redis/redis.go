@@ -8,8 +8,8 @@
 // a snapshot to decode; known.go), its partition's sequence counter and
 // the session's awaiter entries, run the engine's transition, then one
 // server-side script (commit.go) checks that none of them changed and
-// writes the new snapshot, its events (on the session's stream and on the
-// partition's stream), its timer and a pub/sub notification — atomically,
+// writes the new snapshot, its events (on the partition's stream), its
+// timers, the counters and a pub/sub notification — atomically,
 // or not at all. A commit that lost a race is run again on fresh state, a bounded
 // number of times; past that, or when Redis cannot be reached, the call
 // fails with service.ErrUnavailable and nothing changed.
@@ -222,7 +222,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	for p := range s.queues {
 		s.queues[p] = &queue{}
 	}
-	s.pubsub = s.rdb.PSubscribe(ctx, s.keys.channelPattern())
+	s.pubsub = s.rdb.Subscribe(ctx, s.keys.notifyChannel())
 	cctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	if _, err := s.pubsub.Receive(cctx); err != nil {

@@ -54,6 +54,10 @@ func TestStoreURL(t *testing.T) {
 		{url: "redis://127.0.0.1:6379/0?unavailable_after=0s", bad: "unavailable_after"},
 		{url: "redis://127.0.0.1:6379/0?unavailable_after=2m", bad: "unavailable_after"},
 		{url: "redis://:pw@127.0.0.1:6379/0?unavailable_after=soon", bad: "soon"},
+		{url: "redis://127.0.0.1:6379/0?migrate=1"},
+		{url: "redis://n0:7000?addr=n1:7001&migrate=2"},
+		{url: "redis://:pw@127.0.0.1:6379/0?migrate=3", bad: `migrate="3"`},
+		{url: "redis://127.0.0.1:6379/0?migrate=yes", bad: `migrate="yes"`},
 	} {
 		err := redis.CheckURL(tc.url)
 		switch {

@@ -55,6 +55,10 @@ const (
 // own arguments come first, so a flag given here wins.
 type Options struct {
 	APIServerArgs, ControllerManagerArgs, SchedulerArgs []string
+	// APIServerOnly starts etcd and the API server and no controller-manager
+	// or scheduler: objects are defaulted, validated, admitted and stored,
+	// and nothing acts on them (no ReplicaSet, no Pod is created).
+	APIServerOnly bool
 }
 
 // Cluster is a running control plane.
@@ -70,22 +74,27 @@ type Cluster struct {
 	// Dir holds the certificates, kubeconfigs, etcd's data and every
 	// component's log (NAME.log).
 	Dir string
-	// Etcd, APIServer, ControllerManager and Scheduler are the processes.
+	// Etcd, APIServer, ControllerManager and Scheduler are the processes;
+	// the last two are nil with Options.APIServerOnly.
 	Etcd, APIServer, ControllerManager, Scheduler *Process
 
 	admin KeyPair
 }
 
-// Start builds (Binary) and starts etcd, the API
-// server, the controller-manager and the scheduler, and waits until each
-// is healthy. Everything is stopped when the test ends; when it failed,
-// the end of each component's log is written to the test's log.
+// Start builds (Binary) and starts etcd, the API server, the
+// controller-manager and the scheduler (only the first two with
+// opts.APIServerOnly), and waits until each is healthy. Everything is
+// stopped when the test ends; when it failed, the end of each component's
+// log is written to the test's log.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	etcdBin := Binary(t, EtcdPackage)
 	apiBin := Binary(t, APIServerPackage)
-	cmBin := Binary(t, ControllerManagerPackage)
-	schedBin := Binary(t, SchedulerPackage)
+	var cmBin, schedBin string
+	if !opts.APIServerOnly {
+		cmBin = Binary(t, ControllerManagerPackage)
+		schedBin = Binary(t, SchedulerPackage)
+	}
 
 	c := &Cluster{Dir: t.TempDir()}
 	t.Cleanup(func() { c.stop(t) })
@@ -196,6 +205,9 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 	if c.Kubeconfig, err = c.writeKubeconfig("admin.kubeconfig", c.admin); err != nil {
 		return err
 	}
+	if opts.APIServerOnly {
+		return nil
+	}
 	cmKubeconfig, err := c.writeKubeconfig("kube-controller-manager.kubeconfig", cmClient)
 	if err != nil {
 		return err
@@ -249,7 +261,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 			"--profiling=false",
 		}, opts.SchedulerArgs...)...)
 	}, func(p *Process, ports []int) error {
-		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+hostPort(ports[0])+"/readyz") })
+		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+hostPort(ports[0])+"/healthz") })
 	})
 	return err
 }

@@ -599,7 +599,8 @@ type FailOutcome struct {
 	Fleet        fleet.ProviderState
 	FleetChanged bool
 	// FleetQueued is set when fleet protection admitted Scheduled: Fleet
-	// counts it queued until it starts or is dropped (fleet.Dropped).
+	// counts it queued until it starts, or until the service reports it
+	// dropped (fleet.ReportDropped).
 	FleetQueued bool
 }
 

@@ -61,8 +61,12 @@ func TestAPIServerInstallUpgradeUninstall(t *testing.T) {
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
 	api := &liveAPI{client: client, dyn: dyn, mapper: mapper}
 
-	for _, values := range goodValues(t) {
-		name := strings.TrimSuffix(filepath.Base(values), ".yaml")
+	for _, rel := range goodValues(t) {
+		name := strings.TrimSuffix(filepath.Base(rel), ".yaml")
+		values, err := filepath.Abs(rel) // helm runs in the repository root
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			ns := "chart-" + name
@@ -174,7 +178,9 @@ func (a *liveAPI) checkRelease(t *testing.T, h helmOn, step string) []applied {
 	var objs []applied
 	for _, doc := range strings.Split(manifest, "\n---") {
 		var m map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &m); err != nil {
+		// The split takes the newline before "---": a block scalar that
+		// ends the document keeps it.
+		if err := yaml.Unmarshal([]byte(doc+"\n"), &m); err != nil {
 			t.Fatalf("%s: manifest document: %v\n%s", step, err, doc)
 		}
 		if len(m) == 0 {
@@ -215,8 +221,8 @@ func (a *liveAPI) checkRelease(t *testing.T, h helmOn, step string) []applied {
 // the fields helm applied are compared, so everything the server adds is
 // ignored and everything it removed or changed is reported. Two changes are
 // the API's own spelling rather than an alteration, and are accepted:
-//   - an empty value applied (null, {}, []) may be absent: the API types
-//     omit empty fields when they encode;
+//   - an empty value applied (null, {}, [], 0, false, "") may be absent:
+//     the API types omit empty fields when they encode;
 //   - a resource quantity may come back in canonical form ("0.5" as
 //     "500m", "1024Mi" as "1Gi"): equal quantities are equal.
 func matchesApplied(want, got any, path string) []string {
@@ -311,6 +317,14 @@ func isEmpty(v any) bool {
 	switch x := v.(type) {
 	case nil:
 		return true
+	case bool:
+		return !x
+	case string:
+		return x == ""
+	case int64:
+		return x == 0
+	case float64:
+		return x == 0
 	case map[string]any:
 		return len(x) == 0
 	case []any:

@@ -180,6 +180,10 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 			"--etcd-servers=" + etcdClientURL,
 			"--bind-address=127.0.0.1",
 			"--advertise-address=127.0.0.1",
+			// The API server refuses a loopback address for the
+			// "kubernetes" Service's endpoints ("may not be in the
+			// loopback range"); the Service is left without them.
+			"--endpoint-reconciler-type=none",
 			"--secure-port=" + strconv.Itoa(ports[0]),
 			"--tls-cert-file=" + apiServing.CertFile,
 			"--tls-private-key-file=" + apiServing.KeyFile,

@@ -675,7 +675,7 @@ func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *d
 func redisDeployment(t *testing.T, name, url string, partitioned bool, start time.Time, policies *config.Policies) *deployment {
 	prefix := redistest.Prefix()
 	d := newDeployment(t, name, start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
-		s, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix,
+		s, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: prefix,
 			StoreOptions: service.StoreOptions{ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand}})
 		if err != nil {
 			t.Fatal(err)

@@ -202,7 +202,7 @@ func testFleetShared(t *testing.T, url string) {
 	}
 	var replicas [2]*service.Service
 	for i := range replicas {
-		st, err := redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: prefix})
+		st, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -32,6 +32,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/internal/loopback"
 	"github.com/retryd/retryd/internal/retrydtest"
 )
 
@@ -150,7 +151,7 @@ var listeners = []string{
 }
 
 func start(t testing.TB, bin, dir string, attempt int) (*Jaeger, error) {
-	ports, err := freePorts(len(listeners))
+	ports, err := loopback.FreePorts(len(listeners))
 	if err != nil {
 		return nil, err
 	}
@@ -161,10 +162,10 @@ func start(t testing.TB, bin, dir string, attempt int) (*Jaeger, error) {
 	for i, name := range listeners {
 		j.ports[name] = ports[i]
 	}
-	j.OTLPGRPCEndpoint = hostPort(j.ports["otlp_grpc"])
-	j.OTLPHTTPEndpoint = hostPort(j.ports["otlp_http"])
-	j.QueryURL = "http://" + hostPort(j.ports["query_http"])
-	j.healthURL = "http://" + hostPort(j.ports["health_http"]) + "/status"
+	j.OTLPGRPCEndpoint = loopback.HostPort(j.ports["otlp_grpc"])
+	j.OTLPHTTPEndpoint = loopback.HostPort(j.ports["otlp_http"])
+	j.QueryURL = "http://" + loopback.HostPort(j.ports["query_http"])
+	j.healthURL = "http://" + loopback.HostPort(j.ports["health_http"]) + "/status"
 
 	configPath := filepath.Join(dir, fmt.Sprintf("jaeger-%d.yaml", attempt))
 	if err := os.WriteFile(configPath, []byte(config(j.ports)), 0o600); err != nil {
@@ -282,32 +283,6 @@ func dialable(addr string) bool {
 	return true
 }
 
-// freePorts reserves n distinct free loopback TCP ports. The listeners are
-// held until all ports are chosen so they differ, then released for Jaeger;
-// Start retries with new ports if one is taken in between.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("reserve port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func hostPort(port int) string {
-	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-}
-
 // config renders the Jaeger v2 (OpenTelemetry Collector) configuration.
 // It enables only the components needed to receive OTLP and answer
 // queries, and gives every one of their listeners an explicit loopback
@@ -365,11 +340,11 @@ exporters:
   jaeger_storage_exporter:
     trace_storage: memstore
 `,
-		hostPort(p["otlp_grpc"]),
-		hostPort(p["otlp_http"]),
-		hostPort(p["query_http"]),
-		hostPort(p["query_grpc"]),
-		hostPort(p["health_http"]),
+		loopback.HostPort(p["otlp_grpc"]),
+		loopback.HostPort(p["otlp_http"]),
+		loopback.HostPort(p["query_http"]),
+		loopback.HostPort(p["query_grpc"]),
+		loopback.HostPort(p["health_http"]),
 		p["metrics"],
 		memoryMaxTraces,
 	)

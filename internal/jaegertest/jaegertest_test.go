@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/internal/loopback"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -162,7 +163,7 @@ func checkSpans(t *testing.T, tr Trace, traceID, parentID, childID, service stri
 // its default port 8888 to the assigned one.
 func checkMetricsEndpoint(t *testing.T, j *Jaeger) {
 	t.Helper()
-	resp, err := http.Get("http://" + hostPort(j.ports["metrics"]) + "/metrics")
+	resp, err := http.Get("http://" + loopback.HostPort(j.ports["metrics"]) + "/metrics")
 	if err != nil {
 		t.Errorf("metrics endpoint: %v", err)
 		return

@@ -3,7 +3,6 @@ package redistest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/internal/loopback"
 	"github.com/retryd/retryd/internal/retrydtest"
 )
 
@@ -166,7 +166,7 @@ func startNode(dir string, i int, opts ClusterOptions) (*Server, error) {
 
 // nodeArgs are the arguments of node i, with a bus port picked afresh.
 func nodeArgs(dir string, i int, opts ClusterOptions) ([]string, error) {
-	bus, err := freePort()
+	bus, err := loopback.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -184,15 +184,6 @@ func nodeArgs(dir string, i int, opts ClusterOptions) ([]string, error) {
 		args = append(args, "--appendonly", "no")
 	}
 	return args, nil
-}
-
-func freePort() (int, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer lis.Close()
-	return lis.Addr().(*net.TCPAddr).Port, nil
 }
 
 // waitOK waits until every running node reports cluster_state:ok and

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/internal/loopback"
 	"github.com/retryd/retryd/internal/retrydtest"
 )
 
@@ -233,7 +234,7 @@ func startEach(next func() ([]string, error)) (*Server, error) {
 			return nil, err
 		}
 		var port int
-		if port, err = freePort(); err != nil {
+		if port, err = loopback.FreePort(); err != nil {
 			return nil, err
 		}
 		var p *process

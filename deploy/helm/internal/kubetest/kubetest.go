@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/internal/loopback"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -113,8 +114,8 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 	if err != nil {
 		return err
 	}
-	loopback := []string{"127.0.0.1", "localhost"}
-	apiServing, err := c.CA.Issue("kube-apiserver", "kube-apiserver", nil, append(loopback,
+	hosts := []string{"127.0.0.1", "localhost"}
+	apiServing, err := c.CA.Issue("kube-apiserver", "kube-apiserver", nil, append(hosts,
 		"10.96.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")...)
 	if err != nil {
 		return err
@@ -128,7 +129,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 	if c.admin, err = c.CA.Issue("admin", "retryd-kubetest-admin", []string{"system:masters"}); err != nil {
 		return err
 	}
-	cmServing, err := c.CA.Issue("kube-controller-manager-serving", "kube-controller-manager", nil, loopback...)
+	cmServing, err := c.CA.Issue("kube-controller-manager-serving", "kube-controller-manager", nil, hosts...)
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 	if err != nil {
 		return err
 	}
-	schedServing, err := c.CA.Issue("kube-scheduler-serving", "kube-scheduler", nil, loopback...)
+	schedServing, err := c.CA.Issue("kube-scheduler-serving", "kube-scheduler", nil, hosts...)
 	if err != nil {
 		return err
 	}
@@ -149,8 +150,8 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 	// as long as the test).
 	var etcdClientURL string
 	c.Etcd, _, err = startOnFreePorts(2, func(ports []int) (*Process, error) {
-		etcdClientURL = "http://" + hostPort(ports[0])
-		peer := "http://" + hostPort(ports[1])
+		etcdClientURL = "http://" + loopback.HostPort(ports[0])
+		peer := "http://" + loopback.HostPort(ports[1])
 		return startProcess(c.Dir, "etcd", etcdBin,
 			"--name=kubetest",
 			"--data-dir="+filepath.Join(c.Dir, "etcd"),
@@ -175,7 +176,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 		return err
 	}
 	c.APIServer, _, err = startOnFreePorts(1, func(ports []int) (*Process, error) {
-		c.Server = "https://" + hostPort(ports[0])
+		c.Server = "https://" + loopback.HostPort(ports[0])
 		return startProcess(c.Dir, "kube-apiserver", apiBin, append([]string{
 			"--etcd-servers=" + etcdClientURL,
 			"--bind-address=127.0.0.1",
@@ -246,7 +247,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 			"--profiling=false",
 		}, opts.ControllerManagerArgs...)...)
 	}, func(p *Process, ports []int) error {
-		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+hostPort(ports[0])+"/healthz") })
+		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+loopback.HostPort(ports[0])+"/healthz") })
 	})
 	if err != nil {
 		return err
@@ -265,7 +266,7 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 			"--profiling=false",
 		}, opts.SchedulerArgs...)...)
 	}, func(p *Process, ports []int) error {
-		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+hostPort(ports[0])+"/healthz") })
+		return p.waitFor(readyTimeout, func() error { return httpOK(probe, "https://"+loopback.HostPort(ports[0])+"/healthz") })
 	})
 	return err
 }

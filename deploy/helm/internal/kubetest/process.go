@@ -3,14 +3,14 @@ package kubetest
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/retryd/retryd/internal/loopback"
 )
 
 const (
@@ -139,31 +139,6 @@ func childEnv() []string {
 	return env
 }
 
-// freePorts reserves n distinct free loopback TCP ports. The listeners are
-// held until all are chosen so the ports differ, then released for the
-// components; one that is taken in between fails that component's start,
-// which is then retried on new ports.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("kubetest: reserve a port: %w", err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-func hostPort(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
-
 // startAttempts is how often a component is started on new ports when the
 // ones chosen were taken before it bound them.
 const startAttempts = 3
@@ -175,7 +150,7 @@ const startAttempts = 3
 func startOnFreePorts(nPorts int, start func(ports []int) (*Process, error), ready func(p *Process, ports []int) error) (*Process, []int, error) {
 	var lastErr error
 	for range startAttempts {
-		ports, err := freePorts(nPorts)
+		ports, err := loopback.FreePorts(nPorts)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -20,6 +20,7 @@ import (
 // durable store would, and fails while broken is set.
 type disk struct {
 	broken   atomic.Bool
+	refused  atomic.Int64 // writes refused while broken
 	mu       sync.Mutex
 	sessions map[string][]byte
 	events   map[uint64][]byte
@@ -35,6 +36,7 @@ var errBroken = errors.New("disk on fire")
 
 func (d *disk) persist(changes []Change) error {
 	if d.broken.Load() {
+		d.refused.Add(1)
 		return errBroken
 	}
 	d.mu.Lock()
@@ -217,8 +219,14 @@ func TestTimerRetriesAFailedStart(t *testing.T) {
 	d := newDisk()
 	s := New(Config{Persist: d.persist})
 	defer s.Close()
-	id := fail(t, s, "a", 1, 100).GetDecision().GetSchedule().GetRetryId()
-	d.broken.Store(true)
+	// The awaiter must attach before the retry falls due (an AwaitRetry
+	// that finds it already due starts it itself), so the delay leaves
+	// room for a slow goroutine start and the test waits on what it sees.
+	id := fail(t, s, "a", 1, 1500).GetDecision().GetSchedule().GetRetryId()
+	r, err := s.lookup("", id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := make(chan []*retrydv1.AwaitRetryResponse, 1)
 	go func() {
 		var msgs []*retrydv1.AwaitRetryResponse
@@ -231,11 +239,12 @@ func TestTimerRetriesAFailedStart(t *testing.T) {
 		}
 		got <- msgs
 	}()
-	time.Sleep(300 * time.Millisecond) // due, and the first start failed
-	r, err := s.lookup("", id)
-	if err != nil {
-		t.Fatal(err)
+	waitFor(t, "the awaiter to attach", func() bool { return stateOf(s, r).GetAwaiters() == 1 })
+	if st := stateOf(s, r); st.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+		t.Fatalf("the retry started before the test broke the disk: %v", st)
 	}
+	d.broken.Store(true)
+	waitFor(t, "the due start to be refused", func() bool { return d.refused.Load() > 0 })
 	if st := stateOf(s, r); st.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 		t.Fatalf("started although the disk is broken: %v", st)
 	}
@@ -319,5 +328,17 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 	next := fail(t, b, "new", 1, 1)
 	if seq := next.GetEvent().GetSequence(); seq <= st.LastSequence {
 		t.Errorf("first event after restore has sequence %d, want after %d", seq, st.LastSequence)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

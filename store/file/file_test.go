@@ -220,9 +220,10 @@ func TestServeRefusesOtherSchemaVersion(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	writeSchemaVersion(t, dir, "7")
+	bin := retrydtest.Binary(t) // built before the clock starts
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, retrydtest.Binary(t), "serve", "--listen", "127.0.0.1:0", "--store", "file:"+dir).CombinedOutput()
+	out, err := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0", "--store", "file:"+dir).CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
 		t.Fatalf("retryd serve on a store of schema version 7: %v\n%s", err, out)
@@ -245,9 +246,10 @@ func TestServeRefusesUnreachableStore(t *testing.T) {
 	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	bin := retrydtest.Binary(t) // built before the clock starts
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, retrydtest.Binary(t), "serve", "--listen", "127.0.0.1:0",
+	out, err := exec.CommandContext(ctx, bin, "serve", "--listen", "127.0.0.1:0",
 		"--store", "file:"+filepath.Join(blocker, "dir")).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "file store") {
 		t.Fatalf("retryd serve on an unreachable store: %v\n%s", err, out)

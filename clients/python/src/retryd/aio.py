@@ -6,30 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Dict, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, AsyncIterator, Optional, Sequence, Tuple, cast
 
 import grpc
 import grpc.aio
 
-from ._exhausted import DEFAULT_EXHAUSTED_RETRIES, honor_retry_info_async
-from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
-from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
+from ._base import ClientBase
+from ._exhausted import honor_retry_info_async
+from ._degraded import local_started, unreachable_code
 from .outcome import (
-    DEFAULT_CANCEL_TIMEOUT,
-    DEFAULT_REATTACH_INITIAL,
-    DEFAULT_REATTACH_MAX,
     AwaitUnreachable,
     NoDecisionError,
     Outcome,
     RecoverAbortedError,
     StreamEndedError,
     jittered,
-    positive,
     reattachable,
 )
 from .errors import is_retry_pending, retry_delay, status_code
-from .local import DEFAULT_LOCAL_MAX_CHAINS
-from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
+from .v1 import events_pb2, retry_service_pb2
 
 pb = retry_service_pb2
 
@@ -62,7 +57,7 @@ class _Deadline:
         return isinstance(err, grpc.RpcError) and hasattr(err, "code") and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """The asyncio twin of Client, over grpc.aio; the same arguments.
     Create it inside the running event loop and close it with
     ``await client.close()`` (or ``async with``).
@@ -71,51 +66,21 @@ class AsyncClient:
     a waiting recover() also cancels the retry on the server. Degraded mode
     is Client's."""
 
-    def __init__(
+    _channel: grpc.aio.Channel
+
+    def _open_channel(
         self,
         target: str,
-        *,
-        credentials: TransportCredentials,
-        bearer_token: Optional[str] = None,
-        insecure_bearer_token: Optional[str] = None,
-        traceparent: Optional[TraceparentSource] = None,
-        reattach_initial: Optional[float] = None,
-        reattach_max: Optional[float] = None,
-        cancel_timeout: Optional[float] = None,
-        options: Sequence[Tuple[str, Any]] = (),
-        decision_timeout: Optional[float] = None,
-        fail_closed: bool = False,
-        local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
-        local_retry_budget: Optional[int] = None,
-        local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
-        exhausted_retries: int = DEFAULT_EXHAUSTED_RETRIES,
-    ) -> None:
-        self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
-        self._fail_closed = fail_closed
-        self._exhausted = max(0, exhausted_retries)
-        self._degraded = DegradedState(
-            decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
-            local_policies=local_policies or {},
-            local_retry_budget=local_retry_budget,
-            local_chains=local_chains,
-        )
-        opts = channel_options(options)
-        if credentials.channel_credentials is not None:
-            self._channel = grpc.aio.secure_channel(target, credentials.channel_credentials, options=opts)
-        else:
-            self._channel = grpc.aio.insecure_channel(target, options=opts)
-        self._stub: Any = retry_service_pb2_grpc.RetryServiceStub(self._channel)
-        self._reattach_initial = positive(reattach_initial, DEFAULT_REATTACH_INITIAL)
-        self._reattach_max = max(self._reattach_initial, positive(reattach_max, DEFAULT_REATTACH_MAX))
-        self._cancel_timeout = positive(cancel_timeout, DEFAULT_CANCEL_TIMEOUT)
+        credentials: Optional[grpc.aio.ChannelCredentials],
+        options: Sequence[Tuple[str, Any]],
+    ) -> grpc.aio.Channel:
+        if credentials is not None:
+            return grpc.aio.secure_channel(target, credentials, options=options)
+        return grpc.aio.insecure_channel(target, options=options)
 
     async def close(self) -> None:
         """Closes the channel (and every call on it)."""
         await self._channel.close()
-
-    def decisions(self) -> Dict[str, int]:
-        """See Client.decisions."""
-        return self._degraded.counts()
 
     async def __aenter__(self) -> "AsyncClient":
         return self

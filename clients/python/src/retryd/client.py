@@ -4,18 +4,15 @@ the agent loop's one call for a failed model request."""
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, cast
+from typing import Any, Iterator, Optional, Sequence, Tuple, cast
 
 import grpc
 
-from ._exhausted import DEFAULT_EXHAUSTED_RETRIES, honor_retry_info
-from ._degraded import DEFAULT_DECISION_TIMEOUT, DegradedState, local_started, unreachable_code
-from ._transport import CallMetadata, TraceparentSource, TransportCredentials, channel_options
+from ._base import ClientBase
+from ._exhausted import honor_retry_info
+from ._degraded import DegradedState, local_started, unreachable_code
 from ._wait import Wait as _Wait, TimedOut as _TimedOut, public as _public
 from .outcome import (
-    DEFAULT_CANCEL_TIMEOUT,
-    DEFAULT_REATTACH_INITIAL,
-    DEFAULT_REATTACH_MAX,
     AwaitUnreachable,
     Cancellation,
     NoDecisionError,
@@ -24,17 +21,15 @@ from .outcome import (
     RecoverAbortedError,
     StreamEndedError,
     jittered,
-    positive,
     reattachable,
 )
 from .errors import is_retry_pending, retry_delay, status_code
-from .local import DEFAULT_LOCAL_MAX_CHAINS
-from .v1 import events_pb2, policy_pb2, retry_service_pb2, retry_service_pb2_grpc
+from .v1 import events_pb2, retry_service_pb2
 
 pb = retry_service_pb2
 
 
-class Client:
+class Client(ClientBase):
     """Calls one retryd server. Safe for concurrent use by many agent
     threads; create one per process and close it at exit (or use it as a
     context manager).
@@ -66,54 +61,21 @@ class Client:
     5 for a policy without one); local_chains bounds how many chains the
     process keeps."""
 
-    def __init__(
+    _channel: grpc.Channel
+
+    def _open_channel(
         self,
         target: str,
-        *,
-        credentials: TransportCredentials,
-        bearer_token: Optional[str] = None,
-        insecure_bearer_token: Optional[str] = None,
-        traceparent: Optional[TraceparentSource] = None,
-        reattach_initial: Optional[float] = None,
-        reattach_max: Optional[float] = None,
-        cancel_timeout: Optional[float] = None,
-        options: Sequence[Tuple[str, Any]] = (),
-        decision_timeout: Optional[float] = None,
-        fail_closed: bool = False,
-        local_policies: Optional[Mapping[str, policy_pb2.RetryPolicy]] = None,
-        local_retry_budget: Optional[int] = None,
-        local_chains: int = DEFAULT_LOCAL_MAX_CHAINS,
-        exhausted_retries: int = DEFAULT_EXHAUSTED_RETRIES,
-    ) -> None:
-        self._md = CallMetadata(credentials, bearer_token, insecure_bearer_token, traceparent)
-        self._fail_closed = fail_closed
-        self._exhausted = max(0, exhausted_retries)
-        self._degraded = DegradedState(
-            decision_timeout=positive(decision_timeout, DEFAULT_DECISION_TIMEOUT),
-            local_policies=local_policies or {},
-            local_retry_budget=local_retry_budget,
-            local_chains=local_chains,
-        )
-        opts = channel_options(options)
-        if credentials.channel_credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials.channel_credentials, options=opts)
-        else:
-            self._channel = grpc.insecure_channel(target, options=opts)
-        self._stub: Any = retry_service_pb2_grpc.RetryServiceStub(self._channel)
-        self._reattach_initial = positive(reattach_initial, DEFAULT_REATTACH_INITIAL)
-        self._reattach_max = max(self._reattach_initial, positive(reattach_max, DEFAULT_REATTACH_MAX))
-        self._cancel_timeout = positive(cancel_timeout, DEFAULT_CANCEL_TIMEOUT)
+        credentials: Optional[grpc.ChannelCredentials],
+        options: Sequence[Tuple[str, Any]],
+    ) -> grpc.Channel:
+        if credentials is not None:
+            return grpc.secure_channel(target, credentials, options=options)
+        return grpc.insecure_channel(target, options=options)
 
     def close(self) -> None:
         """Closes the channel (and every call on it). Idempotent."""
         self._channel.close()
-
-    def decisions(self) -> Dict[str, int]:
-        """How many decisions recover() returned, by kind: "schedule" and
-        "delegate" (retryd's), "schedule/local" and "delegate/local"
-        (degraded mode), and "start/local" (a retry of retryd's the client
-        started by itself)."""
-        return self._degraded.counts()
 
     def __enter__(self) -> "Client":
         return self

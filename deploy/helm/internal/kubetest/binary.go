@@ -19,6 +19,11 @@ import (
 // to the repository root.
 const Modfile = "tools/kubernetes/go.mod"
 
+// CoreDNSModfile pins CoreDNS, the cluster DNS of a node's pods. It is a
+// module of its own: CoreDNS's release requires newer k8s.io client
+// modules than the pinned Kubernetes release, and each keeps its own.
+const CoreDNSModfile = "tools/coredns/go.mod"
+
 // The packages of the pinned components.
 const (
 	EtcdPackage              = "go.etcd.io/etcd/server/v3"
@@ -26,7 +31,17 @@ const (
 	ControllerManagerPackage = "k8s.io/kubernetes/cmd/kube-controller-manager"
 	SchedulerPackage         = "k8s.io/kubernetes/cmd/kube-scheduler"
 	KubeletPackage           = "k8s.io/kubernetes/cmd/kubelet"
+	KubeProxyPackage         = "k8s.io/kubernetes/cmd/kube-proxy"
+	CoreDNSPackage           = "github.com/coredns/coredns"
 )
+
+// modfileOf is the tools module that pins pkg.
+func modfileOf(pkg string) string {
+	if pkg == CoreDNSPackage {
+		return CoreDNSModfile
+	}
+	return Modfile
+}
 
 var (
 	binMu sync.Mutex
@@ -51,7 +66,7 @@ func Binary(t testing.TB, pkg string) string {
 		if os.Getenv(retrydtest.RequireToolsEnv) == "1" {
 			t.Fatalf("kubetest: %v", err)
 		}
-		retrydtest.MissingTool(t, fmt.Sprintf("%s cannot be built from %s (%s)", pkg, Modfile, lastLine(err)))
+		retrydtest.MissingTool(t, fmt.Sprintf("%s cannot be built from %s (%s)", pkg, modfileOf(pkg), lastLine(err)))
 	}
 	bins[pkg] = p
 	return p
@@ -116,7 +131,12 @@ func build(pkg string) (string, error) {
 		name = "etcd"
 	}
 	out := filepath.Join(dir, name)
-	args := append([]string{"build", "-o", out}, BuildFlags(version)...)
+	args := []string{"build", "-o", out}
+	if modfileOf(pkg) == Modfile {
+		args = append(args, BuildFlags(version)...)
+	} else {
+		args = append(args, "-modfile="+modfileOf(pkg))
+	}
 	if _, err := goOutput(root, append(args, pkg)...); err != nil {
 		return "", err
 	}

@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -63,7 +64,10 @@ type Containerd struct {
 	err    error
 }
 
-// config keeps every path under the containerd's directory.
+// config keeps every path under the containerd's directory. Naming the
+// CRI's runc runtime replaces containerd's default entry for it, so its
+// runtime_type is given again. restrict_oom_score_adj is set when this
+// process may not lower an OOM score (see mayLowerOOMScore).
 const config = `version = 2
 root = %[1]q
 state = %[2]q
@@ -78,11 +82,14 @@ state = %[2]q
   netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+  restrict_oom_score_adj = %[10]t
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[7]q
     conf_dir = %[8]q
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-    Root = %[9]q
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      Root = %[9]q
 `
 
 // Start starts containerd and waits until it answers. When the test ends,
@@ -143,7 +150,8 @@ func cgroupController(ctl string) bool {
 func (c *Containerd) start(bin string, opts Options) error {
 	cfg := fmt.Sprintf(config,
 		filepath.Join(c.Dir, "root"), filepath.Join(c.Dir, "state"), c.Socket, c.Socket+".ttrpc",
-		filepath.Join(c.Dir, "opt"), opts.SandboxImage, opts.CNIBinDir, opts.CNIConfDir, filepath.Join(c.Dir, "runc"))
+		filepath.Join(c.Dir, "opt"), opts.SandboxImage, opts.CNIBinDir, opts.CNIConfDir, filepath.Join(c.Dir, "runc"),
+		!mayLowerOOMScore())
 	path := filepath.Join(c.Dir, "containerd.toml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return err
@@ -178,6 +186,31 @@ func (c *Containerd) start(bin string, opts Options) error {
 			return fmt.Errorf("containerdtest: containerd not answering after %v: %v\n%s", readyTimeout, err, c.Tail())
 		}
 	}
+}
+
+// capSysResource is the bit of CAP_SYS_RESOURCE in a capability set.
+const capSysResource = 1 << 24
+
+// mayLowerOOMScore reports whether this process has CAP_SYS_RESOURCE,
+// which writing a negative oom_score_adj needs. The kubelet asks for -998
+// for every pod sandbox (and -997 for Guaranteed pods); without the
+// capability (a sandboxed CI machine may drop it for all of its
+// processes, root included) runc's nsexec fails with "failed to update
+// /proc/self/oom_score_adj: Permission denied" and no pod starts, unless
+// containerd clamps the scores to its own (restrict_oom_score_adj, meant
+// for rootless containerd).
+func mayLowerOOMScore() bool {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&capSysResource != 0
+		}
+	}
+	return false
 }
 
 // Ctr runs Debian's ctr against the containerd in Namespace and returns

@@ -17,11 +17,12 @@
 //	  go.etcd.io/etcd/server/v3 k8s.io/kubernetes/cmd/kube-apiserver \
 //	  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 //
-// The cluster has no node: objects are stored, defaulted, validated and
-// admitted, controllers create the objects they own (a Deployment's
-// ReplicaSet, its Pods), and the scheduler finds nowhere to put the Pods.
-// A test that needs a node starts a kubelet against Cluster with the
-// certificates CA issues.
+// Start alone gives a cluster without a node: objects are stored,
+// defaulted, validated and admitted, controllers create the objects they
+// own (a Deployment's ReplicaSet, its Pods), and the scheduler finds
+// nowhere to put the Pods. StartNode adds one: a kubelet (also built from
+// the tools module) with Debian's containerd and runc, on which the pods
+// run.
 package kubetest
 
 import (
@@ -192,6 +193,9 @@ func (c *Cluster) start(etcdBin, apiBin, cmBin, schedBin string, opts Options) e
 			"--kubelet-client-certificate=" + kubeletClient.CertFile,
 			"--kubelet-client-key=" + kubeletClient.KeyFile,
 			"--kubelet-certificate-authority=" + c.CA.CertFile,
+			// A node's hostname (its Node's name) resolves nowhere here:
+			// logs, exec and port-forward reach its kubelet by its IP.
+			"--kubelet-preferred-address-types=InternalIP",
 			"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 			"--service-account-key-file=" + saPub,
 			"--service-account-signing-key-file=" + saKey,

@@ -144,8 +144,29 @@ func Start(t testing.TB, args ...string) *Server {
 // e.g. the OTEL_* settings of a tracing test.
 func StartWithEnv(t testing.TB, env []string, args ...string) *Server {
 	t.Helper()
+	return start(t, nil, env, args)
+}
+
+// StartInNetns is Start inside the network namespace netns (`ip netns
+// exec`, which needs root): the process sees only that namespace's
+// addresses, so give it a --listen (and --health-listen) address that
+// exists there and that the test can reach.
+func StartInNetns(t testing.TB, netns string, args ...string) *Server {
+	t.Helper()
+	NeedProgram(t, "ip", "apt-get install -y iproute2")
+	return start(t, []string{"ip", "netns", "exec", netns}, nil, args)
+}
+
+// start runs the binary with args, through the command wrap (which execs
+// it in place, keeping the PID Stop signals) when wrap is not empty.
+func start(t testing.TB, wrap, env, args []string) *Server {
+	t.Helper()
 	bin := Binary(t)
 	all := append([]string{"serve", "--listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "debug"}, args...)
+	if len(wrap) > 0 {
+		all = append(append(wrap[1:len(wrap):len(wrap)], bin), all...)
+		bin = wrap[0]
+	}
 	cmd := exec.Command(bin, all...)
 	cmd.Env = append(append(os.Environ(), "GORACE=halt_on_error=1"), env...)
 	stderr, err := cmd.StderrPipe()

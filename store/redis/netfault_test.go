@@ -135,26 +135,40 @@ func (h *healthLog) first(want healthpb.HealthCheckResponse_ServingStatus, from 
 
 // TestBlackholedReplica: one replica's path to Redis drops every packet
 // silently (no reset, no ICMP error) for 4 s, under a small load on that
-// replica. Every call made during the cut fails UNAVAILABLE within about
-// unavailable_after instead of being held until the path heals; gRPC
-// health reports NOT_SERVING within about the bound and SERVING again
-// soon after the heal; every call acknowledged is in Redis (read through
-// the other replica, whose path stayed up), and the invariant checker
-// passes.
+// replica and the fleet load through the Go client over both replicas
+// (proveBlackholed).
 func TestBlackholedReplica(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: cuts a path to Redis for seconds")
 	}
 	srv := redistest.StartInNamespace(t, 2)
 	cut, healthy := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	proveBlackholed(t, cut, healthy, func() { srv.Cut(t, 0) }, func() { srv.Heal(t, 0) })
+}
+
+// proveBlackholed cuts the path of replica cut to Redis with cutPath for
+// 4 s, then heals it with healPath, under a small load on that replica
+// (FailedStep of new sessions, straight to it) and the fleet load through
+// the Go client over both replicas. Every call made straight to the cut
+// replica during the cut fails UNAVAILABLE within about unavailable_after
+// instead of being held until the path heals, and every one made from 2 s
+// after the heal is answered OK; gRPC health reports NOT_SERVING within
+// about a second plus the bound and SERVING again soon after the heal;
+// every call acknowledged is in Redis (read through the healthy replica),
+// and everything the fleet's agents were told is what the log holds, no
+// retry started twice, with the invariant checker passing.
+func proveBlackholed(t *testing.T, cut, healthy *retrydtest.Server, cutPath, healPath func()) {
+	t.Helper()
 	health := watchHealth(t, cut)
 	l := startNetLoad(retrydv1.NewRetryServiceClient(cut.Conn(t)), 4)
+	fleet := startLoad(t, fleetClient(t, cut, healthy), 4)
+	defer fleet.stop() // a test that ends early stops its agents first
 
 	time.Sleep(1500 * time.Millisecond)
-	srv.Cut(t, 0)
+	cutPath()
 	cutAt := time.Now()
 	time.Sleep(4 * time.Second)
-	srv.Heal(t, 0)
+	healPath()
 	healedAt := time.Now()
 	time.Sleep(3 * time.Second)
 	l.stop()
@@ -162,7 +176,7 @@ func TestBlackholedReplica(t *testing.T) {
 
 	var during []time.Duration
 	var acked []string
-	held := 0
+	after := 0
 	for _, c := range l.calls {
 		took := c.end.Sub(c.start)
 		switch {
@@ -170,17 +184,26 @@ func TestBlackholedReplica(t *testing.T) {
 			// Made during the cut, with time to fail before the heal.
 			during = append(during, took)
 			if c.code != codes.Unavailable || took > netBound+netSlack {
-				held++
 				t.Errorf("%s during the cut: %v after %v, want UNAVAILABLE within %v", c.session, c.code, took, netBound+netSlack)
 			}
-		case c.code == codes.OK:
+		case c.start.After(healedAt.Add(2 * time.Second)):
+			after++
+			if c.code != codes.OK {
+				t.Errorf("%s %v after the heal: %v after %v, want OK", c.session, c.start.Sub(healedAt).Round(time.Millisecond), c.code, took)
+			}
+		}
+		if c.code == codes.OK {
 			acked = append(acked, c.session)
 		}
 	}
 	slices.Sort(during)
-	t.Logf("%d calls during the cut, answered in %s; %d acknowledged in all", len(during), quantiles(during), len(acked))
+	t.Logf("%d calls during the cut, answered in %s; %d from 2 s after the heal; %d acknowledged in all",
+		len(during), quantiles(during), after, len(acked))
 	if len(during) == 0 {
 		t.Fatal("no call made during the cut was answered before the heal: calls are held")
+	}
+	if after == 0 {
+		t.Error("no call made from 2 s after the heal was answered before the load stopped")
 	}
 
 	notServing, ok := health.first(healthpb.HealthCheckResponse_NOT_SERVING, cutAt)
@@ -200,16 +223,34 @@ func TestBlackholedReplica(t *testing.T) {
 		t.Logf("SERVING %v after the heal", serving.Sub(healedAt).Round(time.Millisecond))
 	}
 
-	hc := retrydv1.NewRetryServiceClient(healthy.Conn(t))
+	readAcked(t, healthy, acked)
+	runLoad(fleet)
+	t.Logf("the fleet's agents: %d calls answered, %d repeated after UNAVAILABLE", fleet.calls.Load(), fleet.repeats.Load())
+	fleet.check(healthy.Conn(t))
+}
+
+// readAcked reads every session of acked through replica s and fails the
+// test for each that has no chain. A read that fails UNAVAILABLE (a store
+// round trip past the bound, on a loaded machine) is repeated, as an
+// agent would.
+func readAcked(t *testing.T, s *retrydtest.Server, acked []string) {
+	t.Helper()
+	c := retrydv1.NewRetryServiceClient(s.Conn(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, session := range acked {
-		resp, err := hc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
-		if err != nil || len(resp.GetChains()) == 0 {
-			t.Errorf("acknowledged session %s read through the other replica: %v %v", session, resp, err)
+		for {
+			resp, err := c.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
+			if status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			if err != nil || len(resp.GetChains()) == 0 {
+				t.Errorf("acknowledged session %s read through replica %s: %v %v", session, s.Addr, resp, err)
+			}
+			break
 		}
 	}
-	retrydtest.Verify(t, healthy.Conn(t))
 }
 
 // quantiles names the median, p90 and maximum of sorted durations.
@@ -310,22 +351,31 @@ func TestBlackholedAwaiters(t *testing.T) {
 
 // TestFlappingPath: one replica's path to Redis goes down and up every
 // 500 ms for 5 s (down: every packet dropped silently) under a small load
-// on that replica. Every call either succeeds or fails UNAVAILABLE within
-// about the bound, none is held for the length of the flapping; every call
-// acknowledged is in Redis, and the invariant checker passes.
+// on that replica (proveFlapping).
 func TestFlappingPath(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: flaps a path to Redis for seconds")
 	}
 	srv := redistest.StartInNamespace(t, 2)
 	flapping, steady := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	proveFlapping(t, flapping, steady, func() { srv.Cut(t, 0) }, func() { srv.Heal(t, 0) })
+}
+
+// proveFlapping cuts the path of replica flapping to Redis with cutPath
+// and heals it with healPath every 500 ms for 5 s, under a small load
+// straight to that replica. Every call either succeeds or fails
+// UNAVAILABLE within about the bound, none is held for the length of the
+// flapping; every call acknowledged is in Redis (read through the steady
+// replica), and the invariant checker passes.
+func proveFlapping(t *testing.T, flapping, steady *retrydtest.Server, cutPath, healPath func()) {
+	t.Helper()
 	l := startNetLoad(retrydv1.NewRetryServiceClient(flapping.Conn(t)), 4)
 
 	time.Sleep(time.Second)
 	for range 5 {
-		srv.Cut(t, 0)
+		cutPath()
 		time.Sleep(500 * time.Millisecond)
-		srv.Heal(t, 0)
+		healPath()
 		time.Sleep(500 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
@@ -356,15 +406,7 @@ func TestFlappingPath(t *testing.T) {
 	if len(unavailable) == 0 {
 		t.Error("no call failed while the path was down: the flapping did not cut anything")
 	}
-	sc := retrydv1.NewRetryServiceClient(steady.Conn(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for _, session := range acked {
-		resp, err := sc.GetChains(ctx, &retrydv1.GetChainsRequest{SessionId: session})
-		if err != nil || len(resp.GetChains()) == 0 {
-			t.Errorf("acknowledged session %s read through the other replica: %v %v", session, resp, err)
-		}
-	}
+	readAcked(t, steady, acked)
 	retrydtest.Verify(t, steady.Conn(t))
 }
 

@@ -262,17 +262,27 @@ func alive(pid int) bool {
 // run starts redis-server on port under a shell watchdog that kills it by
 // PID as soon as its stdin closes, so the server never outlives the test
 // process, and waits until it answers PING.
-func run(port int, args []string) (*process, error) {
+func run(port int, args []string) (*process, error) { return runAt("", "127.0.0.1", port, args) }
+
+// runAt is run in the network namespace netns ("" is the test's own), the
+// server bound to host there; the test must reach host:port from its own
+// namespace.
+func runAt(netns, host string, port int, args []string) (*process, error) {
+	quote := func(a string) string { return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'" }
 	quoted := make([]string, len(args))
 	for i, a := range args {
-		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		quoted[i] = quote(a)
 	}
-	script := fmt.Sprintf(`redis-server %s --port %d --bind 127.0.0.1 >/dev/null 2>&1 &
+	in := ""
+	if netns != "" {
+		in = "ip netns exec " + quote(netns) + " "
+	}
+	script := fmt.Sprintf(`%sredis-server %s --port %d --bind %s >/dev/null 2>&1 &
 pid=$!
 echo "pid $pid"
 read _
 kill $pid
-wait $pid`, strings.Join(quoted, " "), port)
+wait $pid`, in, strings.Join(quoted, " "), port, quote(host))
 	cmd := exec.Command("sh", "-c", script)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -293,7 +303,7 @@ wait $pid`, strings.Join(quoted, " "), port)
 		return nil, fmt.Errorf("redistest: redis-server did not start")
 	}
 	p := &process{cmd: cmd, stdin: stdin, pid: pid}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		err := ping(addr)

@@ -70,6 +70,19 @@ function gaps(from: number): number[] {
   return r.slice(1).map((x, i) => x.at - r[i]!.at);
 }
 
+// What retryd's log says of the script unavailable, rateLimited,
+// overloaded, empty, a completion, then quota: four retries (the
+// provider's Retry-After honoured), the completion closing the chain, and
+// the delegation the quota error asks for.
+const RETRIED_THEN_OUT_OF_QUOTA = [
+  "SERVER → retry 1 after 50 ms (BACKOFF)",
+  "RATE_LIMIT → retry 2 after 1500 ms (PROVIDER_RETRY_AFTER)",
+  "SERVER → retry 3 after 200 ms (BACKOFF)",
+  "EMPTY_RESPONSE → retry 4 after 400 ms (BACKOFF)",
+  "closed after 4",
+  "QUOTA → delegate CODE_NOT_RETRYABLE",
+];
+
 function assertWaited(got: number[], decided: number[]): void {
   assert.equal(got.length, decided.length, `gaps ${JSON.stringify(got)}`);
   got.forEach((g, i) => assert.ok(g >= decided[i]!, `request ${i + 2} came ${g} ms after the previous one; retryd decided ${decided[i]} ms`));
@@ -96,14 +109,7 @@ test("AI SDK generateText: retryd decides every retry, then delegates out-of-quo
 
   const log = await decisions("ts-mw-ai-generate");
   t.diagnostic(log.join("; "));
-  assert.deepEqual(log, [
-    "SERVER → retry 1 after 50 ms (BACKOFF)",
-    "RATE_LIMIT → retry 2 after 1500 ms (PROVIDER_RETRY_AFTER)",
-    "SERVER → retry 3 after 200 ms (BACKOFF)",
-    "EMPTY_RESPONSE → retry 4 after 400 ms (BACKOFF)",
-    "closed after 4",
-    "QUOTA → delegate CODE_NOT_RETRYABLE",
-  ]);
+  assert.deepEqual(log, RETRIED_THEN_OUT_OF_QUOTA);
 });
 
 test("AI SDK streamText: failures before output retried unseen; an error after output is delegated", async (t) => {
@@ -174,12 +180,7 @@ test("openai SDK: its retries off, retryd decides; quota and a broken stream are
   const log = await decisions("ts-mw-openai");
   t.diagnostic(log.join("; "));
   assert.deepEqual(log, [
-    "SERVER → retry 1 after 50 ms (BACKOFF)",
-    "RATE_LIMIT → retry 2 after 1500 ms (PROVIDER_RETRY_AFTER)",
-    "SERVER → retry 3 after 200 ms (BACKOFF)",
-    "EMPTY_RESPONSE → retry 4 after 400 ms (BACKOFF)",
-    "closed after 4",
-    "QUOTA → delegate CODE_NOT_RETRYABLE",
+    ...RETRIED_THEN_OUT_OF_QUOTA,
     "SERVER → retry 1 after 50 ms (BACKOFF)",
     "SERVER → delegate REPLAY_UNSAFE",
   ]);

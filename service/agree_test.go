@@ -554,9 +554,9 @@ type agreeReplica struct {
 }
 
 var (
-	// agreeRetryID matches a retry id of the script's, with the partition
-	// a partitioned layout appends.
-	agreeRetryID = regexp.MustCompile(`rid-[0-9]+(-[0-9]+)?`)
+	// agreeRetryID matches a retry id of the script's, with the session
+	// or the partition the Redis store's layouts append.
+	agreeRetryID = regexp.MustCompile(`rid-[0-9]+(-[0-9]+)?(_[A-Za-z0-9_-]+)?`)
 	// agreeSequence matches an event's sequence in an answer.
 	agreeSequence = regexp.MustCompile(`"sequence":\s*"[0-9]+"`)
 )

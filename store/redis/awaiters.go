@@ -27,6 +27,14 @@ import (
 // already deleted; a transaction may delete an expired field of a stream
 // that is merely late, and that stream's next renewal writes it again.
 //
+// A commit does not compare the awaiter hash (that was an HGETALL per
+// decision): every write of it changes the session snapshot's revision
+// as well, in one script (awaiterScript), so the session's revision check
+// fails whenever the awaiters changed since the replica knew them, and
+// the failed commit sends the hash back (commit.go, kind w). A session
+// key that does not exist gets no new entry: the stream then finds no
+// retry and ends NOT_FOUND.
+//
 // Leases compare wall clocks of different replicas (and Redis holds none of
 // them): replicas' clocks must agree to well within awaiterLease, as they
 // must for due times anyway.
@@ -42,10 +50,11 @@ const (
 // awaiter is one AwaitRetry stream's entry in its session's awaiter hash,
 // and its hold on the retry (see awaitStore).
 type awaiter struct {
-	s       *Store
-	key     string
-	field   string
-	renewed time.Time
+	s          *Store
+	sessionKey string
+	key        string
+	field      string
+	renewed    time.Time
 
 	sessionID, retryID string
 }
@@ -72,7 +81,8 @@ func countAwaiters(fields map[string]string, now int64) (live map[string]int64, 
 
 // attach registers a stream as an awaiter of a retry of a session.
 func (s *Store) attach(ctx context.Context, sessionID, retryID string) (*awaiter, error) {
-	a := &awaiter{s: s, key: s.keys.awaitersKey(sessionID), field: awaiterField(retryID, rand.Text())}
+	a := &awaiter{s: s, sessionKey: s.keys.sessionKey(sessionID), key: s.keys.awaitersKey(sessionID),
+		field: awaiterField(retryID, rand.Text())}
 	if err := a.renew(ctx); err != nil {
 		return nil, err
 	}
@@ -90,11 +100,9 @@ func (a *awaiter) renew(ctx context.Context) error {
 	now := time.Now()
 	bctx, cancel := a.s.bounded(ctx)
 	defer cancel()
-	_, err := a.s.rdb.Pipelined(bctx, func(p redis.Pipeliner) error {
-		p.HSet(bctx, a.key, a.field, strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10))
-		p.PExpire(bctx, a.key, a.s.cfg.ChainTTL+a.s.cfg.AbandonGrace+ttlMargin)
-		return nil
-	})
+	ttl := a.s.cfg.ChainTTL + a.s.cfg.AbandonGrace + ttlMargin
+	err := a.s.writeAwaiter(bctx, a.sessionKey, a.key, a.field,
+		strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10), ms(ttl))
 	if err != nil {
 		return a.s.unavailableWithin(ctx, "registering an awaiter", err)
 	}
@@ -118,5 +126,42 @@ func (a *awaiter) Detach() {
 	a.s.awaiting.Add(-1)
 	dctx, cancel := a.s.bounded(context.Background())
 	defer cancel()
-	a.s.rdb.HDel(dctx, a.key, a.field)
+	_ = a.s.writeAwaiter(dctx, a.sessionKey, a.key, a.field, "", 0)
+}
+
+// awaiterScript writes one awaiter entry and gives the session snapshot a
+// new revision. KEYS: the session, its awaiter hash. ARGV: the revision
+// field's head (revisionHead), a new token, the entry's field, its lease
+// ("" deletes it) and the hash's TTL in milliseconds. A snapshot that
+// ends with a revision gets the new token in its place; one without (only
+// a snapshot written by hand) gets a revision field appended, which
+// protobuf reads as the field's value. A new entry is written only while
+// the session exists; a deletion that deletes nothing changes nothing.
+var awaiterScript = redis.NewScript(`
+local key, aw = KEYS[1], KEYS[2]
+local head, tok, field, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local n = redis.call('STRLEN', key)
+if lease == '' then
+  if redis.call('HDEL', aw, field) == 0 or n == 0 then
+    return 0
+  end
+elseif n == 0 then
+  return 0
+else
+  redis.call('HSET', aw, field, lease)
+  redis.call('PEXPIRE', aw, ARGV[5])
+end
+local m = #head + #tok
+if n >= m and redis.call('GETRANGE', key, n - m, n - #tok - 1) == head then
+  redis.call('SETRANGE', key, n - #tok, tok)
+else
+  redis.call('APPEND', key, head .. tok)
+end
+return 1
+`)
+
+// writeAwaiter runs awaiterScript: lease "" deletes the entry.
+func (s *Store) writeAwaiter(ctx context.Context, sessionKey, key, field, lease string, ttl int64) error {
+	return awaiterScript.Run(ctx, s.rdb, []string{sessionKey, key},
+		revisionHead, newRevision(), field, lease, ttl).Err()
 }

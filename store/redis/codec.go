@@ -149,15 +149,3 @@ func (k keptSession) span(id string) (retrySpan, bool) {
 	}
 	return retrySpan{}, false
 }
-
-func decodeEvent(m redis.XMessage) (*retrydv1.Event, error) {
-	v, ok := m.Values["e"].(string)
-	if !ok {
-		return nil, fmt.Errorf("redis store: event %s has no payload", m.ID)
-	}
-	ev := &retrydv1.Event{}
-	if err := proto.Unmarshal([]byte(v), ev); err != nil {
-		return nil, fmt.Errorf("redis store: event %s is damaged: %w", m.ID, err)
-	}
-	return ev, nil
-}

@@ -43,8 +43,11 @@ var errConflict = errors.New("redis store: the state changed since it was read")
 // channel, arguments). Kinds: v, the key's string value ("" when absent);
 // s, the SHA-1 of it; r, the value's last bytes, as many as expected has
 // (a session snapshot's revision, see checkLarge); h, a hash's fields and
-// values, sorted, NUL-separated. It answers 1 once written, or {0, current}: current
-// holds every checked key's value (nil when absent, a hash as its
+// values, sorted, NUL-separated; w, nothing at all: a session's awaiter
+// hash, which every writer of it changes the session's revision with
+// (awaiters.go), so the session's own check covers it, and which is read
+// only when the commit fails. It answers 1 once written, or {0, current}:
+// current holds every checked key's value (nil when absent, a hash as its
 // HGETALL), for the replica to decide again on (known.go).
 //
 // Most of Redis' time in a commit is this script's own interpretation,
@@ -63,7 +66,10 @@ for i = 1, tonumber(argv[1]) do
   if kind == 'r' then
     got = call('GETRANGE', key, -#want, -1)
     value = false -- read whole only if the commit fails, below
-    later[i] = key
+    later[i] = 'GET'
+  elseif kind == 'w' then
+    got, value = want, false
+    later[i] = 'HGETALL'
   elseif kind == 'h' then
     value = call('HGETALL', key)
     local fields = {}
@@ -86,8 +92,8 @@ for i = 1, tonumber(argv[1]) do
   end
 end
 if not ok then
-  for i, key in pairs(later) do
-    current[i] = call('GET', key)
+  for i, cmd in pairs(later) do
+    current[i] = call(cmd, keys[tonumber(argv[3 * i])])
   end
   return {0, current}
 end
@@ -185,6 +191,15 @@ func (c *commit) checkLarge(k, value, revision string) {
 func (c *commit) checkHash(k string, fields map[string]string) {
 	c.checks = append(c.checks, "h", c.key(k), canonicalHash(fields))
 	c.list = append(c.list, check{"h", k})
+	c.after[k] = &knownValue{fields: maps.Clone(fields)}
+}
+
+// checkAwaiters: a session's awaiter hash, known to hold these fields,
+// is covered by the session's own check (kind w: nothing is compared; a
+// failed commit sends the hash back).
+func (c *commit) checkAwaiters(k string, fields map[string]string) {
+	c.checks = append(c.checks, "w", c.key(k), "")
+	c.list = append(c.list, check{"w", k})
 	c.after[k] = &knownValue{fields: maps.Clone(fields)}
 }
 
@@ -304,12 +319,11 @@ func (c *commit) PExpire(_ context.Context, key string, ttl time.Duration) {
 	c.write("PEXPIRE", key, ms(ttl))
 }
 
-// XAdd appends one entry, id with the field e = payload, to a stream
-// trimmed to about maxLen entries: XADD stream MAXLEN ~ maxLen id e
-// payload. An event is appended once, to its partition's stream, which
-// WatchEvents of one session reads too (rpc.go).
-func (c *commit) XAdd(_ context.Context, stream string, maxLen int, id string, payload []byte) {
-	c.write("XADD", stream, "MAXLEN", "~", maxLen, id, "e", payload)
+// XAdd appends one entry, id with one field, to a stream, trimmed as
+// trim says: XADD stream TRIM… id field payload (see events.go).
+func (c *commit) XAdd(_ context.Context, stream string, trim []any, id, field string, payload []byte) {
+	args := append(append([]any{}, trim...), id, field, payload)
+	c.write("XADD", stream, args...)
 }
 
 // ZAdd is ZADD key score member.

@@ -13,8 +13,9 @@ import (
 
 // TestCommitScript: a commit writes only when every check holds — a
 // value, a value's SHA-1 (and absence), a snapshot's revision, a hash's
-// exact fields — and then runs every write; a failed check writes
-// nothing and sends back every checked value whole.
+// exact fields; an awaiter hash is compared by nothing — and then runs
+// every write; a failed check writes nothing and sends back every checked
+// value whole, the awaiter hash too.
 func TestCommitScript(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
@@ -23,7 +24,7 @@ func TestCommitScript(t *testing.T) {
 	ctx := context.Background()
 	p := redistest.Prefix()
 	seq, snap, aw, out, stream, ch := p+"seq", p+"snap", p+"aw", p+"out", p+"stream", p+"channel"
-	rsnap := p + "rsnap"
+	rsnap, aw2 := p+"rsnap", p+"aw2"
 	revised := func(id string) (raw, revision string) {
 		b, err := (&statev1.Session{Id: id, Revision: newRevision()}).MarshalVT()
 		if err != nil {
@@ -49,6 +50,9 @@ func TestCommitScript(t *testing.T) {
 	if err := rdb.HSet(ctx, aw, fields).Err(); err != nil {
 		t.Fatal(err)
 	}
+	if err := rdb.HSet(ctx, aw2, "R3 tok", "789").Err(); err != nil {
+		t.Fatal(err)
+	}
 	sub := rdb.Subscribe(ctx, ch)
 	defer sub.Close()
 	if _, err := sub.Receive(ctx); err != nil {
@@ -62,8 +66,9 @@ func TestCommitScript(t *testing.T) {
 		c.checkLarge(p+"absent", "", "")
 		c.checkLarge(rsnap, rgood, revWant)
 		c.checkHash(aw, awWant)
+		c.checkAwaiters(aw2, nil) // compared by nothing: known stale here
 		c.Set(ctx, out, []byte("written"), time.Minute)
-		c.XAdd(ctx, stream, 100, "5-0", []byte("event"))
+		c.XAdd(ctx, stream, []any{"MAXLEN", "~", 100}, "5-0", "e", []byte("event"))
 		c.ZAdd(ctx, out+":z", 1.5, "m")
 		c.HDel(ctx, aw, "R1 a\x00b")
 		c.Publish(ctx, ch, "")
@@ -105,6 +110,9 @@ func TestCommitScript(t *testing.T) {
 		}
 		if got := k.get(aw).fields; canonicalHash(got) != canonicalHash(fields) {
 			t.Errorf("%s changed: the hash sent back is %v", name, got)
+		}
+		if got := k.get(aw2).fields; len(got) != 1 || got["R3 tok"] != "789" {
+			t.Errorf("%s changed: the awaiter hash sent back is %v", name, got)
 		}
 	}
 	c := build("7", good, rrev, fields)

@@ -76,6 +76,6 @@ func (s *Store) expiry(t *txn) error {
 func (s *Store) forget(ctx context.Context, pl *commit, p int, t *txn) {
 	pl.Del(ctx, s.keys.sessionKey(t.id), s.keys.awaitersKey(t.id))
 	for _, r := range t.gone.Retries() {
-		pl.Del(ctx, s.keys.retryKey(p, r.ID))
+		s.unindex(ctx, pl, p, r.ID)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	mrand "math/rand/v2"
 	"slices"
 	"strconv"
@@ -80,6 +81,9 @@ type queue struct {
 	mu      sync.Mutex
 	reqs    []*request
 	leading bool
+	// perEntry is the recent average number of events per stream entry
+	// of the partition's commits (see trim); only the leader uses it.
+	perEntry float64
 }
 
 // request is one call's transition, waiting for a group commit.
@@ -313,7 +317,7 @@ func (s *Store) recall(c *commit, p int, ids []string) (out []loaded, ctr counte
 		v := s.known.take(s.keys.sessionKey(id))
 		fields := s.known.get(s.keys.awaitersKey(id)).fields
 		c.checkLarge(s.keys.sessionKey(id), v.raw, v.revision)
-		c.checkHash(s.keys.awaitersKey(id), fields)
+		c.checkAwaiters(s.keys.awaitersKey(id), fields)
 		if v.sess != nil && !s.decodeAlways {
 			out[i] = reuseSession(v.keptSession, fields, now)
 		} else {
@@ -360,11 +364,11 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 	sessions, ctr := s.recall(c, p, ids)
 	last := ctr.seq
 	fleets := s.newFleetView(c, p)
-	env := s.env(p)
+	env := s.env()
 	txns := make([]*txn, len(ids))
 	for i, id := range ids {
 		l := sessions[i]
-		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: env,
+		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: s.sessionEnv(env, p, id),
 			before: populationOf(l.sess), fleets: fleets}
 		if l.sess != nil {
 			txns[i].stored = *score(s.expiresAt(l.sess))
@@ -452,6 +456,9 @@ func (s *Store) writeAll(ctx context.Context, c *commit, p int, txns []*txn, fle
 			changed = append(changed, t.id)
 		}
 	}
+	if err := s.appendEvents(ctx, c, p, txns); err != nil {
+		return err
+	}
 	if len(changed) > 0 {
 		c.Publish(ctx, s.keys.notifyChannel(), notice(changed))
 	}
@@ -502,6 +509,9 @@ func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl
 				break
 			}
 		}
+		if _, named := retrySession(r.ID); named {
+			until = math.MaxInt64 // no index key: the id names the session
+		}
 		if until < need+lead/2 {
 			until = need + lead
 			pl.Set(ctx, s.keys.retryKey(p, r.ID), t.id, time.Duration(until-now)*time.Millisecond)
@@ -509,6 +519,13 @@ func (s *Store) indexRetries(ctx context.Context, pl *commit, p int, t *txn, ttl
 		indexed[i] = indexedRetry{r.ID, until, spans[i]}
 	}
 	t.indexed = indexed
+}
+
+// unindex deletes a retry's index key, if it has one.
+func (s *Store) unindex(ctx context.Context, pl *commit, p int, retryID string) {
+	if _, named := retrySession(retryID); !named {
+		pl.Del(ctx, s.keys.retryKey(p, retryID))
+	}
 }
 
 // write adds one session's changes to a commit; spans are where snap
@@ -538,15 +555,7 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 		}
 	}
 	for _, r := range t.forgotten {
-		pl.Del(ctx, s.keys.retryKey(p, r.ID))
-	}
-	for _, ev := range t.events {
-		b, err := ev.MarshalVT()
-		if err != nil {
-			return fmt.Errorf("redis store: encoding event: %w", err)
-		}
-		sid := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
-		pl.XAdd(ctx, s.keys.eventsKey(p), s.partitionLogSize(), sid, b)
+		s.unindex(ctx, pl, p, r.ID)
 	}
 	for m, at := range t.timers {
 		if at == nil {

@@ -119,11 +119,12 @@ func storeURL(raw string) (redisURL string, own ownParams, err error) {
 	}
 	if q.Has(migrateParam) {
 		v := q.Get(migrateParam)
-		if v != strconv.Itoa(legacySchemaVersion) && v != strconv.Itoa(legacyPartitionedSchemaVersion) {
-			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: retryd converts schema %d (the single layout) "+
-				"or %d (the partitioned one)", migrateParam, v, legacySchemaVersion, legacyPartitionedSchemaVersion)
+		n, err := strconv.Atoi(v)
+		if err != nil || strconv.Itoa(n) != v || n < 1 || n >= SchemaVersion {
+			return "", own, fmt.Errorf("redis store: the store URL's %s=%q: retryd converts schemas 1 and %d (the single layout) "+
+				"and 2 and %d (the partitioned one)", migrateParam, v, countersSchemaVersion, countersPartitionedSchemaVersion)
 		}
-		own.migrate, _ = strconv.Atoi(v)
+		own.migrate = n
 		q.Del(migrateParam)
 	}
 	if q.Has(unavailableAfterParam) {

@@ -148,7 +148,7 @@ func (k *known) learn(checks []check, current []any) {
 			return
 		}
 		switch c.kind {
-		case "h":
+		case "h", "w":
 			flat, _ := current[i].([]any)
 			fields := make(map[string]string, len(flat)/2)
 			for j := 0; j+1 < len(flat); j += 2 {

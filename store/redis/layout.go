@@ -5,6 +5,8 @@ import (
 	"hash/crc32"
 	"strconv"
 	"strings"
+
+	"github.com/retryd/retryd/service"
 )
 
 // The key layouts. Both keep a session's keys under one hash tag; they
@@ -70,26 +72,27 @@ func partitionedLayout(prefix string, n int) layout {
 // schema is the value of the schema key this layout writes and reads.
 func (l layout) schema() string {
 	if l.tags == nil {
-		return strconv.Itoa(SchemaVersion)
+		return l.schemaOf(SchemaVersion)
 	}
-	return strconv.Itoa(PartitionedSchemaVersion) + " partitions=" + strconv.Itoa(len(l.tags))
+	return l.schemaOf(PartitionedSchemaVersion)
 }
 
-// legacySchema is the value of the schema key that the same layout's
-// older version (with a stream per session and a population hash)
-// wrote, which migrate converts; legacyVersion is its version.
-func (l layout) legacySchema() string {
+// schemaOf is the value of the schema key that version v of this
+// layout writes: v, and the number of partitions in the partitioned one.
+func (l layout) schemaOf(v int) string {
 	if l.tags == nil {
-		return strconv.Itoa(legacySchemaVersion)
+		return strconv.Itoa(v)
 	}
-	return strconv.Itoa(legacyPartitionedSchemaVersion) + " partitions=" + strconv.Itoa(len(l.tags))
+	return strconv.Itoa(v) + " partitions=" + strconv.Itoa(len(l.tags))
 }
 
-func (l layout) legacyVersion() int {
+// olderVersions are the older versions of this layout that migrate
+// converts, oldest first.
+func (l layout) olderVersions() []int {
 	if l.tags == nil {
-		return legacySchemaVersion
+		return []int{countersSchemaVersion - 2, countersSchemaVersion}
 	}
-	return legacyPartitionedSchemaVersion
+	return []int{countersPartitionedSchemaVersion - 2, countersPartitionedSchemaVersion}
 }
 
 // partitioned reports whether this is the partitioned layout.
@@ -146,16 +149,49 @@ func (l layout) fleetKey(p int, key string) string { return l.base(p) + "fleet:"
 // retry's session.
 func (l layout) retryKey(p int, retryID string) string { return l.base(p) + "r:" + retryID }
 
-// retryID makes a new retry id of partition p from a generated one.
-func (l layout) retryID(p int, generated string) string {
+// retryID makes a new retry id of partition p for a session from a
+// generated one. When the session id fits, the retry id names it —
+// GENERATED_SESSION, GENERATED without an underscore, SESSION of the
+// characters a retry id may hold, at most service.MaxRetryIDLen bytes in
+// all — and needs no retry index key (see retrySession). Otherwise it is
+// the generated id, which with several partitions ends in -p, p the
+// partition: AwaitRetry and CancelRetries by id then read the index key.
+// So a retry id holds an underscore only to name its session: a generated
+// id holds none (rand.Text's never do; a test's generator that makes one
+// has it replaced by a hyphen).
+func (l layout) retryID(p int, generated, sessionID string) string {
+	generated = strings.ReplaceAll(generated, "_", "-")
+	if len(generated)+1+len(sessionID) <= service.MaxRetryIDLen && isToken(sessionID) {
+		return generated + "_" + sessionID
+	}
 	if l.tags == nil {
 		return generated
 	}
 	return generated + "-" + strconv.Itoa(p)
 }
 
-// retryPartition returns the partition a retry id names; false when it
-// names none of this layout's.
+// retrySession returns the session a retry id names (see retryID); false
+// for an id that names none, whose session the retry index knows. A
+// retry id comes from a client: the session it names is only a place to
+// look, where the retry may not be.
+func retrySession(retryID string) (string, bool) {
+	_, session, ok := strings.Cut(retryID, "_")
+	return session, ok && session != ""
+}
+
+// isToken reports whether s holds only the characters of a retry id.
+func isToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// retryPartition returns the partition of a retry id that names no
+// session; false when it names none of this layout's.
 func (l layout) retryPartition(retryID string) (int, bool) {
 	if l.tags == nil {
 		return 0, true

@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/retryd/retryd/store/redis/redistest"
@@ -52,10 +53,32 @@ func TestPartitionedLayout(t *testing.T) {
 					t.Errorf("%d partitions: %q is in slot %d, the session key %q in %d", n, k, keySlot(k), l.sessionKey(session), slot)
 				}
 			}
-			id := l.retryID(p, "ABCDEF-1")
-			if got, ok := l.retryPartition(id); !ok || got != p {
-				t.Errorf("%d partitions: retryPartition(%q) = %d, %v, want %d", n, id, got, ok, p)
+			// A retry id names its session when the session's id fits
+			// (the partition is the session's), else its partition.
+			id := l.retryID(p, "ABCDEF-1", session)
+			named, ok := retrySession(id)
+			switch fits := session == "s" || session == "a-b-3"; {
+			case fits && (!ok || named != session):
+				t.Errorf("%d partitions: retry id %q names session %q, %v, want %q", n, id, named, ok, session)
+			case !fits && ok:
+				t.Errorf("%d partitions: retry id %q of session %q names session %q", n, id, session, named)
+			case !fits:
+				if got, ok := l.retryPartition(id); !ok || got != p {
+					t.Errorf("%d partitions: retryPartition(%q) = %d, %v, want %d", n, id, got, ok, p)
+				}
 			}
+		}
+		if id := l.retryID(0, "GEN", strings.Repeat("s", 61)); strings.Contains(id, "_") {
+			t.Errorf("%d partitions: retry id %q names a session id one byte too long", n, id)
+		}
+		if id := l.retryID(0, "GEN_1", "s"); id != "GEN-1_s" {
+			t.Errorf("%d partitions: retry id %q of a generated id with an underscore, want GEN-1_s", n, id)
+		}
+		if id := l.retryID(0, "GEN_1", "s s"); strings.Contains(id, "_") {
+			t.Errorf("%d partitions: retry id %q of a session it cannot name holds an underscore", n, id)
+		}
+		if id := l.retryID(0, "GEN", strings.Repeat("s", 60)); id != "GEN_"+strings.Repeat("s", 60) {
+			t.Errorf("%d partitions: a session id of 60 bytes is not in retry id %q", n, id)
 		}
 		for _, id := range []string{"ABC", "ABC-", "ABC-x", "ABC-01", fmt.Sprintf("ABC-%d", n)} {
 			if p, ok := l.retryPartition(id); ok {

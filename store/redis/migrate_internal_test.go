@@ -3,6 +3,8 @@ package redis
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,19 +16,22 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// TestMigrateLegacyLayout: data of the older layouts (schema 1, and 2
-// with partitions) is refused with an error naming the parameter that
-// converts it, and converted when the URL has it: the sessions, the
-// population and the event numbering carry on, and the older layout's
-// keys are gone.
+// TestMigrateLegacyLayout: data of the older layouts (schemas 1 and 3,
+// and 2 and 4 with partitions) is refused with an error naming the
+// parameter that converts it, and converted when the URL has it: the
+// sessions, the population, the event log and its numbering carry on, and
+// the older layout's keys are gone.
 func TestMigrateLegacyLayout(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
 	for _, tc := range []struct {
 		name, query, legacy, want, other string
+		counters                         bool // the version kept seq and stats
 	}{
-		{"single", "", "1", "3", "2"},
-		{"partitioned", "?partitions=4", "2 partitions=4", "4 partitions=4", "1"},
+		{"single 1", "", "1", "5", "2", true},
+		{"single 3", "", "3", "5", "1", false},
+		{"partitioned 2", "?partitions=4", "2 partitions=4", "6 partitions=4", "1", true},
+		{"partitioned 4", "?partitions=4", "4 partitions=4", "6 partitions=4", "2", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -53,9 +58,16 @@ func TestMigrateLegacyLayout(t *testing.T) {
 			}
 			before := s.Stats()
 			last := lastSequence(t, s)
+			logged := eventLog(t, s)
 			s.Close()
 			var seqTotal uint64
 			for p := range s.keys.partitions() {
+				oneEventPerEntry(t, rdb, s.keys.eventsKey(p))
+			}
+			for p := range s.keys.partitions() {
+				if !tc.counters {
+					break
+				}
 				raw, err := rdb.Get(ctx, s.keys.countersKey(p)).Result()
 				if errors.Is(err, goredis.Nil) {
 					continue
@@ -76,7 +88,7 @@ func TestMigrateLegacyLayout(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if seqTotal == 0 {
+			if tc.counters && seqTotal == 0 {
 				t.Fatal("no partition has counters")
 			}
 			schemaKey := prefix + "retryd:schema"
@@ -115,6 +127,9 @@ func TestMigrateLegacyLayout(t *testing.T) {
 					t.Errorf("partition %d still has %d keys of the older layout", p, n)
 				}
 			}
+			if got := eventLog(t, m); !slices.Equal(got, logged) {
+				t.Errorf("the event log after the conversion: %v, before: %v", got, logged)
+			}
 			if got := m.Stats(); got.Sessions != before.Sessions || got.OpenChains != before.OpenChains ||
 				got.PendingRetries != before.PendingRetries || got.Sessions != int64(len(sessions)) {
 				t.Errorf("population after the conversion: %+v, before: %+v", got, before)
@@ -146,6 +161,51 @@ func TestMigrateLegacyLayout(t *testing.T) {
 			}
 			again.Close()
 		})
+	}
+}
+
+// eventLog is every event's session and sequence, as WatchEvents
+// delivers them.
+func eventLog(t *testing.T, s *Store) []string {
+	t.Helper()
+	var out []string
+	err := s.WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+		out = append(out, ev.GetSessionId()+"@"+strconv.FormatUint(ev.GetSequence(), 10))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// oneEventPerEntry rewrites a stream as the layouts before schema 5 wrote
+// it: one entry per event, its id the event's sequence, field e.
+func oneEventPerEntry(t *testing.T, rdb *goredis.Client, stream string) {
+	t.Helper()
+	ctx := context.Background()
+	msgs, err := rdb.XRange(ctx, stream, "-", "+").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, stream).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		evs, err := decodeEvents(m, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			b, err := proto.Marshal(ev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := strconv.FormatUint(ev.GetSequence(), 10) + "-0"
+			if err := rdb.XAdd(ctx, &goredis.XAddArgs{Stream: stream, ID: id, Values: []any{eventField, b}}).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 

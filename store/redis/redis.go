@@ -80,12 +80,12 @@ var _ service.Store = (*Store)(nil)
 
 // SchemaVersion is the version of the single key layout, stored in
 // retryd:schema; PartitionedSchemaVersion that of the partitioned one,
-// stored with its number of partitions (see layout.go). Schemas 1 and 2
-// were their versions with a stream per session and the population in a
-// hash of its own; Open converts them when asked to (migrate.go).
+// stored with its number of partitions (see layout.go). Schemas 1 to 4
+// were their older versions; Open converts them when asked to
+// (migrate.go).
 const (
-	SchemaVersion            = 3
-	PartitionedSchemaVersion = 4
+	SchemaVersion            = 5
+	PartitionedSchemaVersion = 6
 )
 
 // DefaultEventLogSize is roughly how many events the global stream keeps.
@@ -311,14 +311,16 @@ func (s *Store) checkSchema(ctx context.Context) error {
 	if found == want {
 		return nil
 	}
-	legacy := s.keys.legacySchema()
-	if found != legacy {
-		return &SchemaError{Key: key, Found: found, Want: want}
+	for _, v := range s.keys.olderVersions() {
+		if found != s.keys.schemaOf(v) {
+			continue
+		}
+		if s.target.own.migrate != v {
+			return &SchemaError{Key: key, Found: found, Want: want, Migrate: strconv.Itoa(v)}
+		}
+		return s.migrate(ctx, key, v)
 	}
-	if s.target.own.migrate != s.keys.legacyVersion() {
-		return &SchemaError{Key: key, Found: found, Want: want, Migrate: strconv.Itoa(s.keys.legacyVersion())}
-	}
-	return s.migrate(ctx, key, legacy, want)
+	return &SchemaError{Key: key, Found: found, Want: want}
 }
 
 // Partitions returns the number of partitions of the key layout: 1 in the
@@ -372,14 +374,17 @@ func (s *Store) unavailableWithin(ctx context.Context, op string, err error) err
 	return unavailable(op, err)
 }
 
-// env is the engine's environment for a transaction of partition p: its
-// new retry ids name p.
-func (s *Store) env(p int) engine.Env {
-	newID := s.cfg.NewID
-	if s.keys.partitioned() {
-		newID = func() string { return s.keys.retryID(p, s.cfg.NewID()) }
-	}
-	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: newID}
+// env is the engine's environment for a group's transactions, without
+// the retry id generator (see sessionEnv).
+func (s *Store) env() engine.Env {
+	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand}
+}
+
+// sessionEnv is env for a transaction of one session of partition p: its
+// new retry ids name the session, or p (see layout.retryID).
+func (s *Store) sessionEnv(env engine.Env, p int, sessionID string) engine.Env {
+	env.NewID = func() string { return s.keys.retryID(p, s.cfg.NewID(), sessionID) }
+	return env
 }
 
 func notFound(format string, args ...any) error {

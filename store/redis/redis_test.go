@@ -56,8 +56,8 @@ func TestSchemaMismatch(t *testing.T) {
 	}
 	_, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), KeyPrefix: prefix})
 	var se *redis.SchemaError
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), `"7"`) || !strings.Contains(err.Error(), `"3"`) {
-		t.Fatalf("Open over schema 7: %v, want a SchemaError naming 7 and 3", err)
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), `"7"`) || !strings.Contains(err.Error(), `"5"`) {
+		t.Fatalf("Open over schema 7: %v, want a SchemaError naming 7 and 5", err)
 	}
 	open(t, srv.URL(0), redistest.Prefix()) // an empty prefix is initialised
 
@@ -66,14 +66,14 @@ func TestSchemaMismatch(t *testing.T) {
 	single := redistest.Prefix()
 	open(t, srv.URL(0), single)
 	_, err = redis.Open(context.Background(), redis.Config{URL: srv.URL(0) + "?partitions=4", KeyPrefix: single})
-	if !errors.As(err, &se) || se.Found != "3" || se.Want != "4 partitions=4" {
+	if !errors.As(err, &se) || se.Found != "5" || se.Want != "6 partitions=4" {
 		t.Fatalf("Open with 4 partitions over the single layout: %v, want a SchemaError", err)
 	}
 	four := redistest.Prefix()
 	open(t, srv.URL(0)+"?partitions=4", four)
 	for _, url := range []string{srv.URL(0), srv.URL(0) + "?partitions=8"} {
 		_, err = redis.Open(context.Background(), redis.Config{URL: url, KeyPrefix: four})
-		if !errors.As(err, &se) || se.Found != "4 partitions=4" {
+		if !errors.As(err, &se) || se.Found != "6 partitions=4" {
 			t.Fatalf("Open of %s over 4 partitions: %v, want a SchemaError", url, err)
 		}
 	}

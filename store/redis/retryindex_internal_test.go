@@ -29,7 +29,7 @@ func TestRetryIndexKeys(t *testing.T) {
 	pol := fixedPolicy(t, time.Second, 1000)
 	mon := newMonitor(t, redistest.Shared(t).Addr)
 
-	const session = "s"
+	const session = "a session id no retry id can name"
 	step := uint64(0)
 	// run fails the session's next step on replica s and starts its retry
 	// (two commits), then checks the keys, and returns how many index

@@ -46,9 +46,16 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 	}
 }
 
-// sessionOf looks a retry id of a session in scope (see service.InScope)
-// up in the retry index.
+// sessionOf returns the session of a retry id of a session in scope (see
+// service.InScope): the one it names, or the retry index's. The caller
+// finds the retry in the session, or answers NOT_FOUND.
 func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, error) {
+	if id, ok := retrySession(retryID); ok {
+		if !service.InScope(scope, id) {
+			return "", notFound("no retry %s", retryID)
+		}
+		return id, nil
+	}
 	p, ok := s.keys.retryPartition(retryID)
 	if !ok {
 		return "", notFound("no retry %s", retryID)
@@ -293,18 +300,20 @@ func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsReques
 			return unavailable("reading events", err)
 		}
 		for _, m := range msgs {
-			ev, err := decodeEvent(m)
+			evs, err := decodeEvents(m, after)
 			if err != nil {
 				release()
 				return err
 			}
-			after = ev.GetSequence()
-			if session != "" && ev.GetSessionId() != session {
-				continue
-			}
-			if err := send(ev); err != nil {
-				release()
-				return err
+			for _, ev := range evs {
+				after = ev.GetSequence()
+				if session != "" && ev.GetSessionId() != session {
+					continue
+				}
+				if err := send(ev); err != nil {
+					release()
+					return err
+				}
 			}
 		}
 		if len(msgs) == readBatch {

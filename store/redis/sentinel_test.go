@@ -56,7 +56,9 @@ func TestStoreURL(t *testing.T) {
 		{url: "redis://:pw@127.0.0.1:6379/0?unavailable_after=soon", bad: "soon"},
 		{url: "redis://127.0.0.1:6379/0?migrate=1"},
 		{url: "redis://n0:7000?addr=n1:7001&migrate=2"},
-		{url: "redis://:pw@127.0.0.1:6379/0?migrate=3", bad: `migrate="3"`},
+		{url: "redis://:pw@127.0.0.1:6379/0?migrate=3"},
+		{url: "redis://:pw@127.0.0.1:6379/0?migrate=5", bad: `migrate="5"`},
+		{url: "redis://:pw@127.0.0.1:6379/0?migrate=03", bad: `migrate="03"`},
 		{url: "redis://127.0.0.1:6379/0?migrate=yes", bad: `migrate="yes"`},
 	} {
 		err := redis.CheckURL(tc.url)

@@ -82,13 +82,15 @@ func (s *Store) watchAll(ctx context.Context, req *retrydv1.WatchEventsRequest, 
 		for p, c := range cmds {
 			msgs := c.Val()
 			for _, m := range msgs {
-				ev, err := decodeEvent(m)
+				evs, err := decodeEvents(m, read[p])
 				if err != nil {
 					release()
 					return err
 				}
-				heap.Push(&held, ev)
-				read[p] = ev.GetSequence()
+				for _, ev := range evs {
+					heap.Push(&held, ev)
+					read[p] = ev.GetSequence()
+				}
 			}
 			if len(msgs) == readBatch {
 				full = true

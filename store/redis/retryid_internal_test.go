@@ -1,0 +1,73 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/retryd/retryd/engine"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/store/redis/redistest"
+)
+
+// TestRetryIDNamesSession: a retry of a session whose id fits in a retry
+// id is named after it and has no retry index key; CancelRetries and
+// AwaitRetry find it by its id alone, in every layout, and an id that
+// names a session without that retry, or a session out of the caller's
+// scope, is NOT_FOUND.
+func TestRetryIDNamesSession(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Shared(t)
+	for _, query := range []string{"", "?partitions=4"} {
+		t.Run("layout"+query, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			prefix := redistest.Prefix()
+			rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr})
+			defer rdb.Close()
+			s := openReplica(t, srv.URL(0)+query, prefix, newFakeClock(), &atomic.Int64{}, false)
+			pol := fixedPolicy(t, time.Hour, 3)
+			ids := map[string]string{}
+			for _, session := range []string{"s", "agent-7_run-2"} {
+				out, err := s.FailedStep(ctx, failureOf(pol, session, 1, 1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				id := out.Scheduled.ID
+				if named, ok := retrySession(id); !ok || named != session {
+					t.Fatalf("retry id %q of session %q names %q, %v", id, session, named, ok)
+				}
+				ids[session] = id
+			}
+			if keys, err := rdb.Keys(ctx, prefix+"retryd:*r:*").Result(); err != nil || len(keys) != 0 {
+				t.Errorf("retry index keys of retries named after their sessions: %v (%v)", keys, err)
+			}
+
+			// The retry is found by its id alone.
+			view, err := (&awaitStore{s: s}).Look(ctx, "", ids["s"])
+			if err != nil || view.State.GetRetryId() != ids["s"] || view.State.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
+				t.Fatalf("AwaitRetry's look-up of %s: %v (%v), want the pending retry", ids["s"], view.State, err)
+			}
+			for _, tc := range []struct{ scope, id string }{
+				{"", "R99_s"},                    // a session without that retry
+				{"", "R1_nobody"},                // no such session
+				{"tenant\x1f", ids["s"]},         // another tenant's scope
+				{"", ids["s"][:len(ids["s"])-2]}, // a prefix of a real id
+				{"", ids["agent-7_run-2"] + "x"}, // a session that does not exist
+			} {
+				_, err := s.CancelRetry(ctx, tc.scope, tc.id)
+				var ee *engine.Error
+				if !errors.As(err, &ee) || ee.Kind != engine.KindNotFound {
+					t.Errorf("CancelRetry(%q, %q): %v, want not found", tc.scope, tc.id, err)
+				}
+			}
+			resp, err := s.CancelRetry(ctx, "", ids["agent-7_run-2"])
+			if err != nil || len(resp.GetRetries()) != 1 || resp.GetRetries()[0].GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_CANCELLED {
+				t.Fatalf("CancelRetry(%s): %v (%v), want it cancelled", ids["agent-7_run-2"], resp, err)
+			}
+		})
+	}
+}

@@ -55,6 +55,9 @@ type awaiter struct {
 	key        string
 	field      string
 	renewed    time.Time
+	// timers and member are the session's timer; due, until the first
+	// write, is the retry's due time (Unix milliseconds) to move it to.
+	timers, member, due string
 
 	sessionID, retryID string
 }
@@ -79,13 +82,18 @@ func countAwaiters(fields map[string]string, now int64) (live map[string]int64, 
 	return live, expired
 }
 
-// attach registers a stream as an awaiter of a retry of a session.
-func (s *Store) attach(ctx context.Context, sessionID, retryID string) (*awaiter, error) {
+// attach registers a stream as an awaiter of a retry of a session that
+// falls due at due: the session's timer moves there if it was later (an
+// unawaited retry's timer waits for its abandon time, see timers.go).
+func (s *Store) attach(ctx context.Context, sessionID, retryID string, due time.Time) (*awaiter, error) {
 	a := &awaiter{s: s, sessionKey: s.keys.sessionKey(sessionID), key: s.keys.awaitersKey(sessionID),
 		field: awaiterField(retryID, rand.Text())}
+	p := s.keys.partition(sessionID)
+	a.timers, a.member, a.due = s.keys.timersKey(p), timerMember(sessionID), strconv.FormatInt(due.UnixMilli(), 10)
 	if err := a.renew(ctx); err != nil {
 		return nil, err
 	}
+	a.due = "" // set once: a renewal leaves the timer alone
 	s.awaiting.Add(1)
 	return a, nil
 }
@@ -101,8 +109,7 @@ func (a *awaiter) renew(ctx context.Context) error {
 	bctx, cancel := a.s.bounded(ctx)
 	defer cancel()
 	ttl := a.s.cfg.ChainTTL + a.s.cfg.AbandonGrace + ttlMargin
-	err := a.s.writeAwaiter(bctx, a.sessionKey, a.key, a.field,
-		strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10), ms(ttl))
+	err := a.s.writeAwaiter(bctx, a, strconv.FormatInt(now.Add(awaiterLease).UnixMilli(), 10), ms(ttl))
 	if err != nil {
 		return a.s.unavailableWithin(ctx, "registering an awaiter", err)
 	}
@@ -126,13 +133,15 @@ func (a *awaiter) Detach() {
 	a.s.awaiting.Add(-1)
 	dctx, cancel := a.s.bounded(context.Background())
 	defer cancel()
-	_ = a.s.writeAwaiter(dctx, a.sessionKey, a.key, a.field, "", 0)
+	_ = a.s.writeAwaiter(dctx, a, "", 0)
 }
 
 // awaiterScript writes one awaiter entry and gives the session snapshot a
-// new revision. KEYS: the session, its awaiter hash. ARGV: the revision
-// field's head (revisionHead), a new token, the entry's field, its lease
-// ("" deletes it) and the hash's TTL in milliseconds. A snapshot that
+// new revision. KEYS: the session, its awaiter hash, its partition's
+// timer set. ARGV: the revision field's head (revisionHead), a new token,
+// the entry's field, its lease ("" deletes it), the hash's TTL in
+// milliseconds, the session's timer member and the score to move it to if
+// it is later ("": leave it). A snapshot that
 // ends with a revision gets the new token in its place; one without (only
 // a snapshot written by hand) gets a revision field appended, which
 // protobuf reads as the field's value. A new entry is written only while
@@ -150,6 +159,9 @@ elseif n == 0 then
 else
   redis.call('HSET', aw, field, lease)
   redis.call('PEXPIRE', aw, ARGV[5])
+  if ARGV[7] ~= '' then
+    redis.call('ZADD', KEYS[3], 'LT', ARGV[7], ARGV[6])
+  end
 end
 local m = #head + #tok
 if n >= m and redis.call('GETRANGE', key, n - m, n - #tok - 1) == head then
@@ -160,8 +172,8 @@ end
 return 1
 `)
 
-// writeAwaiter runs awaiterScript: lease "" deletes the entry.
-func (s *Store) writeAwaiter(ctx context.Context, sessionKey, key, field, lease string, ttl int64) error {
-	return awaiterScript.Run(ctx, s.rdb, []string{sessionKey, key},
-		revisionHead, newRevision(), field, lease, ttl).Err()
+// writeAwaiter runs awaiterScript for a's entry: lease "" deletes it.
+func (s *Store) writeAwaiter(ctx context.Context, a *awaiter, lease string, ttl int64) error {
+	return awaiterScript.Run(ctx, s.rdb, []string{a.sessionKey, a.key, a.timers},
+		revisionHead, newRevision(), a.field, lease, ttl, a.member, a.due).Err()
 }

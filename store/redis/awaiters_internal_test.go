@@ -44,7 +44,7 @@ func TestAwaiterEntryChangesRevision(t *testing.T) {
 	}
 
 	before := rdb.Get(ctx, key).Val()
-	aw, err := s.attach(ctx, "s", retryID)
+	aw, err := s.attach(ctx, "s", retryID, out.Scheduled.Due())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestAwaiterEntryChangesRevision(t *testing.T) {
 	if err := rdb.Set(ctx, key, bare, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
-	aw, err = s.attach(ctx, "s", retryID)
+	aw, err = s.attach(ctx, "s", retryID, out.Scheduled.Due())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,10 +92,11 @@ func TestAwaiterEntryChangesRevision(t *testing.T) {
 	}
 
 	// No session, no entry.
-	if _, err := s.attach(ctx, "nobody", "R9"); err != nil {
+	if _, err := s.attach(ctx, "nobody", "R9", out.Scheduled.Due()); err != nil {
 		t.Fatal(err)
 	}
-	if n := rdb.Exists(ctx, s.keys.awaitersKey("nobody"), s.keys.sessionKey("nobody")).Val(); n != 0 {
+	if n := rdb.Exists(ctx, s.keys.awaitersKey("nobody"), s.keys.sessionKey("nobody")).Val() +
+		rdb.ZCount(ctx, s.keys.timersKey(0), "-inf", "+inf").Val() - 1; n != 0 {
 		t.Errorf("an attach to a session that does not exist wrote %d keys", n)
 	}
 }

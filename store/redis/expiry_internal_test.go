@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
@@ -49,7 +50,6 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	// The retry starts: its chain stays open.
 	err = s.update(ctx, "s", func(tx *txn) error {
 		tx.changed(tx.sess.Start(tx.env, tx.sess.Retry(first.Scheduled.ID), nil).Event)
-		tx.clearTimer(first.Scheduled.ID)
 		return nil
 	})
 	if err != nil {
@@ -59,7 +59,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 
 	var second engine.FailOutcome
 	group := []*request{
-		{id: "s", fn: s.expiry, done: make(chan error, 1)},
+		{id: "s", fn: s.woken, done: make(chan error, 1)},
 		{id: "s", fn: decide(failure(2), &second), done: make(chan error, 1)},
 	}
 	for i, err := range s.commitGroup(s.keys.partition("s"), group) {
@@ -100,79 +100,113 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	}
 }
 
-// TestExpiryTimerMovesOnlyEarlier: a write leaves a session's expiry
-// timer where it is unless the session now expires earlier than before;
-// a timer that falls due early is set to the session's expiry then; and
-// the session still expires when it should.
-func TestExpiryTimerMovesOnlyEarlier(t *testing.T) {
+// TestSessionTimer: a session has one timer, at its pending retry's
+// abandon time while nobody awaits the retry (so an unawaited retry's
+// timer fires once, and abandons it), at its due time once an agent
+// attaches, and at its expiry without a pending retry; a write that
+// changes none of that leaves it; a timer that falls due early is set
+// again; past its expiry the session goes, and its timer with it.
+func TestSessionTimer(t *testing.T) {
 	t.Parallel()
 	s, _, clock := replicaPair(t, false)
 	ctx := context.Background()
 	pol := fixedPolicy(t, time.Hour, 5)
+	key := s.keys.timersKey(0)
 	timer := func() float64 {
 		t.Helper()
-		v, err := s.rdb.ZScore(ctx, s.keys.timersKey(0), timerMember("s", expiryTimer)).Result()
+		if n := s.rdb.ZCard(ctx, key).Val(); n != 1 {
+			t.Fatalf("%d timers, want the session's one", n)
+		}
+		v, err := s.rdb.ZScore(ctx, key, timerMember("s")).Result()
 		if err != nil {
-			t.Fatalf("the expiry timer: %v", err)
+			t.Fatalf("the session's timer: %v", err)
 		}
 		return v
 	}
-	expiry := func() float64 {
+	session := func() *engine.Session {
 		t.Helper()
 		sess, err := s.loadOne(ctx, "s")
 		if err != nil || sess == nil {
 			t.Fatalf("the session: %v, %v", sess, err)
 		}
-		return *score(s.expiresAt(sess))
+		return sess
 	}
+	expiry := func() float64 { return *score(s.expiresAt(session())) }
+	ms := func(at time.Time) float64 { return *score(at) }
+	grace := time.Minute // openReplica's AbandonGrace
 
 	first, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := timer(), expiry(); got != want {
-		t.Fatalf("a new session's timer is at %v, its expiry %v", got, want)
+	due := first.Scheduled.Due()
+	if got, want := timer(), ms(due.Add(grace)); got != want {
+		t.Fatalf("an unawaited retry's timer is at %v, want its abandon time %v", got, want)
 	}
-	// The retry starts: the session no longer waits for its abandon time,
-	// so it expires earlier, and the timer moves there.
+	// A repeated report changes nothing: neither does the timer.
+	if _, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := timer(), ms(due.Add(grace)); got != want {
+		t.Fatalf("after a repeated report the timer is at %v, want %v", got, want)
+	}
+	// An agent attaches: the timer moves to the due time, and stays there.
+	aw, err := s.attach(ctx, "s", first.Scheduled.ID, due)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aw.Detach()
+	if got, want := timer(), ms(due); got != want {
+		t.Fatalf("after an agent attached the timer is at %v, want the due time %v", got, want)
+	}
+	// The retry starts: the session now waits for its expiry.
 	clock.advance(time.Minute)
 	if err := startRetry(ctx, s, "s", first.Scheduled.ID); err != nil {
 		t.Fatal(err)
 	}
-	early := expiry()
-	if got := timer(); got != early {
-		t.Fatalf("after the retry started the timer is at %v, the expiry %v", got, early)
+	if got, want := timer(), expiry(); got != want {
+		t.Fatalf("after the retry started the timer is at %v, the expiry %v", got, want)
 	}
-	// A new pending retry makes the session expire later: the timer stays.
+	// A new pending retry moves it to the retry's abandon time.
 	clock.advance(time.Minute)
 	second, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if later := expiry(); later <= early || timer() != early {
-		t.Fatalf("after a new retry: the timer is at %v, the expiry %v, the timer was at %v", timer(), later, early)
+	abandon := ms(second.Scheduled.Due().Add(grace))
+	if got := timer(); got != abandon {
+		t.Fatalf("after a new retry the timer is at %v, want its abandon time %v", got, abandon)
 	}
-	// When it falls due, the session is kept and the timer set again.
-	clock.ns.Store(int64(early) * int64(time.Millisecond))
-	if err := s.expireSession(ctx, "s"); err != nil {
+	// Falling due early (as after an agent left), it is set again.
+	if err := s.rdb.ZAdd(ctx, key, goredis.Z{Score: ms(clock.now()), Member: timerMember("s")}).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := timer(), expiry(); got != want {
-		t.Fatalf("after the early timer: the timer is at %v, the expiry %v", got, want)
-	}
-	// Once that retry started too, past its expiry the session goes.
-	clock.advance(time.Minute)
-	if err := startRetry(ctx, s, "s", second.Scheduled.ID); err != nil {
+	if err := s.wake(ctx, "s", ""); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := timer(), expiry(); got != want {
-		t.Fatalf("after the second retry started the timer is at %v, the expiry %v", got, want)
+	if got := timer(); got != abandon {
+		t.Fatalf("after an early timer it is at %v, want the abandon time %v", got, abandon)
 	}
+	// At the abandon time the retry is abandoned, in that one firing.
+	clock.ns.Store(int64(abandon) * int64(time.Millisecond))
+	if err := s.wake(ctx, "s", ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := session().Retry(second.Scheduled.ID); r.Status != retrydv1.RetryStatus_RETRY_STATUS_CANCELLED {
+		t.Fatalf("at its abandon time the retry is %v", r.Status)
+	}
+	if got, want := timer(), expiry(); got != want {
+		t.Fatalf("after the abandonment the timer is at %v, the expiry %v", got, want)
+	}
+	// Past its expiry the session goes, and its timer.
 	clock.ns.Store(int64(expiry()+1) * int64(time.Millisecond))
-	if err := s.expireSession(ctx, "s"); err != nil {
+	if err := s.wake(ctx, "s", ""); err != nil {
 		t.Fatal(err)
 	}
 	if sess, err := s.loadOne(ctx, "s"); err != nil || sess != nil {
 		t.Fatalf("past its expiry the session is %v (%v)", sess, err)
+	}
+	if n := s.rdb.ZCard(ctx, key).Val(); n != 0 {
+		t.Errorf("%d timers once the session expired", n)
 	}
 }

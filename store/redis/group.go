@@ -7,7 +7,6 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 	"unsafe"
@@ -33,10 +32,11 @@ type txn struct {
 	expired  []string // awaiter entries whose lease ended, deleted on a save
 	env      engine.Env
 	before   population // the session's population as read
-	// stored is the expiry of the session as read (expiresAt, Unix
-	// milliseconds), which its expiry timer is at or before; 0 when there
-	// was no session (see write).
-	stored float64
+	// needed is when the session as read needed its timer (see need), 0
+	// when there was no session; pending is its pending retry's id then.
+	// A commit sets the timer only when these say it must (writeTimer).
+	needed  float64
+	pending string
 
 	save bool // write the session's snapshot
 	// gone is the session as it was when it expired in this transaction
@@ -46,7 +46,12 @@ type txn struct {
 	write     bool // write anything at all
 	events    []*retrydv1.Event
 	forgotten []*engine.Retry
-	timers    map[string]*float64 // member → score; nil removes it
+	// wake is the session's timer as a timer's handler sets it, when set
+	// (nil then removes it); otherwise a commit sets it by writeTimer's
+	// rule. legacy are timer members of older schemas to remove.
+	wake    *float64
+	wakeSet bool
+	legacy  []string
 	// fleets are the fleet states of the group (see fleet.go), shared by
 	// every transition of the group; those changed are saved with it.
 	fleets *fleetView
@@ -57,22 +62,16 @@ func (t *txn) changed(evs ...*retrydv1.Event) {
 	t.events = append(t.events, evs...)
 }
 
-func (t *txn) setTimer(r *engine.Retry, at time.Time) { t.timer(r.ID, score(at)) }
+// setWake sets the session's timer to at (nil: none), as the handler of
+// a timer that fell due does.
+func (t *txn) setWake(at *float64) {
+	t.wake, t.wakeSet, t.write = at, true, true
+}
 
 // score is a time's score in the timer set.
 func score(at time.Time) *float64 {
 	v := float64(at.UnixMilli())
 	return &v
-}
-
-func (t *txn) clearTimer(retryID string) { t.timer(retryID, nil) }
-
-func (t *txn) timer(retryID string, score *float64) {
-	if t.timers == nil {
-		t.timers = map[string]*float64{}
-	}
-	t.timers[timerMember(t.id, retryID)] = score
-	t.write = true
 }
 
 // queue is one partition's transitions waiting for a group commit;
@@ -371,7 +370,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		txns[i] = &txn{id: id, keptSession: l.keptSession, awaiters: l.awaiters, expired: l.expired, env: s.sessionEnv(env, p, id),
 			before: populationOf(l.sess), fleets: fleets}
 		if l.sess != nil {
-			txns[i].stored = *score(s.expiresAt(l.sess))
+			txns[i].needed, txns[i].pending = s.need(l.sess, l.awaiters), pendingID(l.sess)
 		}
 	}
 	for i, r := range group {
@@ -548,21 +547,10 @@ func (s *Store) write(ctx context.Context, pl *commit, p int, t *txn, snap []byt
 		if len(t.awaiters) > 0 {
 			pl.PExpire(ctx, s.keys.awaitersKey(id), ttl)
 		}
-		// The expiry timer moves only when the session now expires before
-		// the one it replaces would have (see expiry.go).
-		if at := score(s.expiresAt(t.sess)); t.gone != nil || t.stored == 0 || *at < t.stored {
-			t.timer(expiryTimer, at)
-		}
 	}
 	for _, r := range t.forgotten {
 		s.unindex(ctx, pl, p, r.ID)
 	}
-	for m, at := range t.timers {
-		if at == nil {
-			pl.ZRem(ctx, s.keys.timersKey(p), m)
-		} else {
-			pl.ZAdd(ctx, s.keys.timersKey(p), *at, m)
-		}
-	}
+	s.writeTimer(ctx, pl, p, t)
 	return nil
 }

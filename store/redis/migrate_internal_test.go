@@ -91,6 +91,13 @@ func TestMigrateLegacyLayout(t *testing.T) {
 			if tc.counters && seqTotal == 0 {
 				t.Fatal("no partition has counters")
 			}
+			// The older layouts had a timer per retry besides the session's,
+			// "RETRY SESSION", which the newer one handles once and removes.
+			legacyTimer := s.keys.timersKey(s.keys.partition("a"))
+			legacyMember := "R0 a"
+			if err := rdb.ZAdd(ctx, legacyTimer, goredis.Z{Score: 0, Member: legacyMember}).Err(); err != nil {
+				t.Fatal(err)
+			}
 			schemaKey := prefix + "retryd:schema"
 			if err := rdb.Set(ctx, schemaKey, tc.legacy, 0).Err(); err != nil {
 				t.Fatal(err)
@@ -152,6 +159,20 @@ func TestMigrateLegacyLayout(t *testing.T) {
 			}
 			if got := m.Stats().Sessions; got != int64(len(sessions))+1 {
 				t.Errorf("sessions after one more: %d", got)
+			}
+
+			for deadline := time.Now().Add(5 * time.Second); ; {
+				_, err := rdb.ZScore(ctx, legacyTimer, legacyMember).Result()
+				if errors.Is(err, goredis.Nil) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the older layout's retry timer is still there: %v", err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if _, err := rdb.ZScore(ctx, legacyTimer, timerMember("a")).Result(); err != nil {
+				t.Errorf("session a's timer after the older one fired: %v", err)
 			}
 
 			// Opening again with the parameter left in the URL is a no-op.

@@ -7,9 +7,11 @@
 // replica knows of the session key (the session its last commit wrote, or
 // a snapshot to decode; known.go), its partition's sequence counter and
 // the session's awaiter entries, run the engine's transition, then one
-// server-side script (commit.go) checks that none of them changed and
-// writes the new snapshot, its events (on the partition's stream), its
-// timers, the counters and a pub/sub notification — atomically,
+// server-side script (commit.go) checks that none of them changed (the
+// snapshot's revision covers the awaiter entries, awaiters.go) and
+// writes the new snapshot, the group's events (one entry of the
+// partition's stream, events.go), its timer, the counters and a pub/sub
+// notification — atomically,
 // or not at all. A commit that lost a race is run again on fresh state, a bounded
 // number of times; past that, or when Redis cannot be reached, the call
 // fails with service.ErrUnavailable and nothing changed.
@@ -17,8 +19,8 @@
 // Key layouts (layout.go). In the single layout (the default on
 // standalone Redis and Sentinel) there is one partition: one counter
 // numbers every event of every session, gapless and strictly increasing
-// across every replica in commit order, and doubles as the stream ids
-// (SEQ-0), so WatchEvents resumes after any sequence. The price is that
+// across every replica in commit order, and a group's last one is its
+// stream entry's id (SEQ-0), so WatchEvents resumes after any sequence. The price is that
 // all writes of one Redis are ordered through that counter: a replica
 // commits its callers' transitions in groups, one group at a time, and
 // groups of different replicas committed at the same moment conflict and
@@ -28,11 +30,12 @@
 // and partitions commit independently; events are numbered per partition
 // (watch.go).
 //
-// Timers (a pending retry's due or abandon time, a session's expiry) are
-// members of the partitions' sorted sets, polled by every replica; the
-// transaction that moves a retry from pending to started or cancelled, or
-// that expires a session (logging its open chains as closed, reason
-// expired), succeeds on exactly one replica (expiry.go). Every AwaitRetry
+// Timers (one per session: its pending retry's due or abandon time, or
+// its expiry) are members of the partitions' sorted sets, polled by every
+// replica; the transaction that moves a retry from pending to started or
+// cancelled, or that expires a session (logging its open chains as
+// closed, reason expired), succeeds on exactly one replica (timers.go,
+// expiry.go). Every AwaitRetry
 // stream holds a leased entry in the session's awaiter hash, renewed while
 // it waits, so a retry starts when it is due and an agent waits on any
 // replica, and the awaiters of a replica that died stop counting once

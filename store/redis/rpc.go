@@ -37,11 +37,8 @@ func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
 		if len(out.Events) == 0 {
 			return nil // a repeated report changes nothing
 		}
-		t.changed(out.Events...)
+		t.changed(out.Events...) // a new retry sets the timer (writeTimer)
 		t.forgotten = out.Forgotten
-		if r := out.Scheduled; r != nil {
-			t.setTimer(r, r.Due())
-		}
 		return nil
 	}
 }
@@ -101,6 +98,7 @@ func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func
 type awaitStore struct {
 	s                  *Store
 	sessionID, retryID string
+	due                time.Time // the retry's, as Look found it
 }
 
 func view(r *engine.Retry) await.View {
@@ -118,6 +116,7 @@ func (a *awaitStore) Look(ctx context.Context, scope, retryID string) (await.Vie
 	if err != nil {
 		return await.View{}, err
 	}
+	a.due = r.Due()
 	return view(r), nil
 }
 
@@ -125,7 +124,7 @@ func (a *awaitStore) Look(ctx context.Context, scope, retryID string) (await.Vie
 // awaiter's entry is written, so that its count includes this stream.
 func (a *awaitStore) Attach(ctx context.Context) (await.Awaiter, await.View, error) {
 	s, sessionID, retryID := a.s, a.sessionID, a.retryID
-	aw, err := s.attach(ctx, sessionID, retryID)
+	aw, err := s.attach(ctx, sessionID, retryID, a.due)
 	if err != nil {
 		return nil, await.View{}, err
 	}
@@ -205,7 +204,6 @@ func (s *Store) CancelRetry(ctx context.Context, scope, retryID string) (*retryd
 		}
 		if evs := t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
 			t.changed(evs...)
-			t.clearTimer(retryID)
 		}
 		state = r.State()
 		return nil
@@ -223,12 +221,8 @@ func (s *Store) CancelSession(ctx context.Context, sessionID string) (*retrydv1.
 		if t.sess == nil {
 			return notFound("no session %s", sessionID)
 		}
-		pending := t.sess.Pending()
 		states, delegation, evs := t.sess.CancelAll(t.env)
 		t.changed(evs...)
-		if pending != nil {
-			t.clearTimer(pending.ID)
-		}
 		resp.Retries, resp.DelegationsCancelled = states, 0
 		if delegation {
 			resp.DelegationsCancelled = 1

@@ -98,7 +98,6 @@ func startRetry(ctx context.Context, s *Store, session, retryID string) error {
 		}
 		if ev := tx.sess.Start(tx.env, r, nil).Event; ev != nil {
 			tx.changed(ev)
-			tx.clearTimer(retryID)
 		}
 		return nil
 	})
@@ -180,7 +179,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 
 		// A start for an awaiter (its entry is written outside commits).
 		r = fail(a, "s1", 1, 9)
-		aw, err := a.attach(ctx, "s1", r)
+		aw, err := a.attach(ctx, "s1", r, clock.now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +198,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		record("fire (abandoned)", nil, a.fire(ctx, "s1", r))
 		get("s1")
 		clock.advance(3 * time.Hour)
-		record("expiry", nil, a.expireSession(ctx, "s1"))
+		record("expiry", nil, a.wake(ctx, "s1", ""))
 		step(a, "s1", 2, 1)
 		step(a, "s1", 2, 2)
 		get("s1")

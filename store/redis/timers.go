@@ -14,42 +14,172 @@ import (
 	"github.com/retryd/retryd/service"
 )
 
-// Timers. Pending retries' due and abandon times, and sessions' expiries,
-// are members of the partitions' timer sets, polled by every replica.
+// Timers. Every session has one member in its partition's timer set,
+// " SESSION" (timerMember), polled by every replica. Its score is at or
+// before the earliest time the session may need a replica: its pending
+// retry's due time while an agent awaits it, the retry's abandon time
+// while none does, and without a pending retry the session's expiry
+// (need). One member per session, not one per retry beside one for the
+// expiry, and an unawaited retry's timer at its abandon time, not at its
+// due time and then again at its abandon time, is what keeps timers to
+// about one ZADD per retry and one handling of each.
+//
+// Who sets it:
+//   - a commit, when the session's pending retry changed (scheduled,
+//     started, cancelled), when the session is new, or when the session
+//     now needs its timer earlier than before (writeTimer): a write that
+//     changes none of that (a success, a repeated report) leaves it;
+//   - an agent that attaches to a retry, with ZADD LT of the retry's due
+//     time (awaiters.go), in the script that gives the session a new
+//     revision;
+//   - the replica whose transaction handles the timer once it fell due
+//     (woken), which sets it to exactly when the session next needs it:
+//     a later time too, such as a start held by fleet protection.
+//
+// So the timer may be early, never late: an early one finds nothing to do
+// and is set again.
 
-// timerMember names a pending retry in the timer set: retry ids never hold
-// a space, session ids come after it.
-func timerMember(sessionID, retryID string) string { return retryID + " " + sessionID }
+// timerMember names a session in the timer set: session ids come after a
+// space. Schemas up to 4 had members "RETRY SESSION" for retries as well,
+// which the poller still handles, once, as its session's timer.
+func timerMember(sessionID string) string { return " " + sessionID }
 
-// fire moves a due retry on: Start when an agent awaits it, Cancel
-// (abandoned) when its grace passed with none, otherwise it sets the
-// retry's next timer. A terminal or forgotten retry leaves the timer set.
+// pendingID is a session's pending retry's id, or "".
+func pendingID(sess *engine.Session) string {
+	if r := sess.Pending(); r != nil {
+		return r.ID
+	}
+	return ""
+}
+
+// need is when sess may next need its timer, in Unix milliseconds (see
+// above); awaiters are its live awaiter entries per retry. An abandon time
+// is the grace after the due time: the grace after Redis came back
+// (abandonAt) is later, and a timer early is harmless.
+func (s *Store) need(sess *engine.Session, awaiters map[string]int64) float64 {
+	at := s.expiresAt(sess)
+	if r := sess.Pending(); r != nil {
+		due := r.Due()
+		if awaiters[r.ID] == 0 {
+			due = due.Add(s.cfg.AbandonGrace)
+		}
+		if due.Before(at) {
+			at = due
+		}
+	}
+	return *score(at)
+}
+
+// writeTimer adds the session's timer write to a commit, if it needs one:
+// for a commit that wrote the session, its need when its pending retry
+// changed, when it is new, or when it needs its timer earlier than before;
+// what a timer's handler set (the earlier of the two when a later
+// transition of the group wrote the session too). Anything else leaves the
+// timer where it is, at or before the need. The timer of a session that is
+// gone is removed.
+func (s *Store) writeTimer(ctx context.Context, pl *commit, p int, t *txn) {
+	key, member := s.keys.timersKey(p), timerMember(t.id)
+	for _, m := range t.legacy {
+		pl.ZRem(ctx, key, m)
+	}
+	if t.sess == nil {
+		if t.gone != nil || t.wakeSet {
+			pl.ZRem(ctx, key, member)
+		}
+		return
+	}
+	at, set := 0.0, false
+	if t.wakeSet && t.wake != nil && t.gone == nil {
+		at, set = *t.wake, true
+	}
+	if t.save {
+		need := s.need(t.sess, t.awaiters)
+		if t.gone != nil || t.needed == 0 || pendingID(t.sess) != t.pending || need < t.needed {
+			if !set || need < at {
+				at = need
+			}
+			set = true
+		}
+	}
+	if set {
+		pl.ZAdd(ctx, key, at, member)
+	}
+}
+
+// wake handles a session's timer that fell due: legacy, when not "", is
+// the member of an older schema that fired it, which goes.
+func (s *Store) wake(ctx context.Context, sessionID, legacy string) error {
+	return s.update(ctx, sessionID, func(t *txn) error {
+		if legacy != "" {
+			t.legacy, t.write = append(t.legacy, legacy), true
+		}
+		return s.woken(t)
+	})
+}
+
+// woken is the transition of a session whose timer fell due: its pending
+// retry moves on (moveOn); without one, the session expires once its TTL
+// passed; the timer is set to when the session next needs it, or removed
+// with the session.
+func (s *Store) woken(t *txn) error {
+	if t.sess == nil {
+		t.setWake(nil)
+		return nil
+	}
+	var next time.Time
+	if r := t.sess.Pending(); r != nil {
+		next = s.moveOn(t, r)
+	}
+	if t.sess.Pending() == nil {
+		next = s.expiresAt(t.sess)
+		if !t.env.Now.Before(next) {
+			t.events = append(t.events, t.sess.Expire(t.env)...)
+			// Transitions after this one in the group see no session.
+			t.gone, t.sess, t.write = t.sess, nil, true
+			t.setWake(nil)
+			return nil
+		}
+	}
+	t.setWake(score(next))
+	return nil
+}
+
+// moveOn moves a session's pending retry on at its timer: Start when an
+// agent awaits it and it is due, Cancel (abandoned) when its grace passed
+// with none. It returns when the retry next needs the timer, or the zero
+// time once it ended.
+func (s *Store) moveOn(t *txn, r *engine.Retry) time.Time {
+	now, awaited := t.env.Now, t.awaiters[r.ID] > 0
+	switch {
+	case now.Before(r.Due()):
+		if awaited {
+			return r.Due()
+		}
+		return s.abandonAt(r)
+	case awaited:
+		out := t.start(r)
+		if out.Event == nil {
+			return out.HeldUntil // held by fleet protection
+		}
+		t.changed(out.Event)
+		return time.Time{}
+	case now.Before(s.abandonAt(r)):
+		return s.abandonAt(r)
+	default:
+		t.changed(t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
+		return time.Time{}
+	}
+}
+
+// fire handles retryID's timer when an agent's stream finds it due (see
+// awaiter.Start and Wait): its session's timer's transition, if retryID is
+// still the session's pending retry; nothing otherwise.
 func (s *Store) fire(ctx context.Context, sessionID, retryID string) error {
 	return s.update(ctx, sessionID, func(t *txn) error {
-		var r *engine.Retry
-		if t.sess != nil {
-			r = t.sess.Retry(retryID)
+		if t.sess == nil || pendingID(t.sess) != retryID {
+			return nil
 		}
-		now := t.env.Now
-		switch {
-		case r == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
-			t.clearTimer(retryID)
-		case now.Before(r.Due()):
-			t.setTimer(r, r.Due())
-		case t.awaiters[retryID] > 0:
-			if out := t.start(r); out.Event != nil {
-				t.changed(out.Event)
-				t.clearTimer(retryID)
-			} else {
-				t.setTimer(r, out.HeldUntil) // held by fleet protection
-			}
-		case now.Before(s.abandonAt(r)):
-			t.setTimer(r, s.abandonAt(r))
-		default:
-			t.changed(t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
-			t.clearTimer(retryID)
-		}
-		return nil
+		return s.woken(t)
 	})
 }
 
@@ -150,10 +280,10 @@ func (s *Store) fireAll(ctx context.Context, due [][]string) {
 			switch {
 			case !ok || s.keys.partition(sessionID) != p:
 				s.rdb.ZRem(ctx, s.keys.timersKey(p), m)
-			case retryID == expiryTimer:
-				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.expireSession(ctx, sessionID)) })
-			default:
-				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.fire(ctx, sessionID, retryID)) })
+			case retryID == "":
+				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.wake(ctx, sessionID, "")) })
+			default: // a retry's member of an older schema
+				wg.Go(func() { s.postpone(ctx, p, m, sessionID, s.wake(ctx, sessionID, m)) })
 			}
 		}
 	}

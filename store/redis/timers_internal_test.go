@@ -41,7 +41,7 @@ func TestPostponeOnlyDamagedData(t *testing.T) {
 		if err != nil || o.Scheduled == nil {
 			t.Fatalf("%s: FailedStep: %v", tt.name, err)
 		}
-		member := o.Scheduled.ID + " " + session
+		member := timerMember(session)
 		key := s.keys.timersKey(s.keys.partition(session))
 		before, err := s.rdb.ZScore(ctx, key, member).Result()
 		if err != nil {

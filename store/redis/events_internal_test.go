@@ -42,7 +42,7 @@ func TestGroupEventsOneEntry(t *testing.T) {
 	}
 	commit("a", "b", "c")
 	commit("d")
-	commit("a", "d")
+	commit("e", "f")
 
 	msgs, err := rdb.XRange(ctx, s.keys.eventsKey(0), "-", "+").Result()
 	if err != nil {
@@ -72,7 +72,7 @@ func TestGroupEventsOneEntry(t *testing.T) {
 	}
 
 	for after := range uint64(len(all)) + 1 {
-		for _, session := range []string{"", "a", "d"} {
+		for _, session := range []string{"", "a", "d", "f"} {
 			var got []uint64
 			err := s.WatchEvents(ctx, &retrydv1.WatchEventsRequest{SessionId: session, AfterSequence: after, StopAtEnd: true},
 				func(ev *retrydv1.Event) error {

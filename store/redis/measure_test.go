@@ -25,7 +25,8 @@ import (
 //	go test -run '^$' -bench MemoryPerSession -benchtime 10000x ./store/redis/
 //
 // "scheduled" is a session with one open chain and its pending retry (the
-// session key, its event stream, the retry's index key and two timers);
+// session key, its events' share of a stream entry and its timer; the
+// retry's id names the session, so it has no index key);
 // "delegated" a session whose one failure was delegated (no chain). Redis
 // 7.0 gives a new stream a node of stream-node-max-bytes (4096 by
 // default) at once, which dominates a short session's cost: each shape

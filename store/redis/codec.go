@@ -3,7 +3,6 @@ package redis
 import (
 	"fmt"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"

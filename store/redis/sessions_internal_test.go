@@ -383,13 +383,14 @@ func TestSessionReuseAfterFailedWrite(t *testing.T) {
 			s.rdb.AddHook(hook)
 			ctx := context.Background()
 			pol := fixedPolicy(t, time.Second, 20)
-			if _, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1)); err != nil {
+			first, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
+			if err != nil {
 				t.Fatal(err)
 			}
 			if knownSession(s, "s") == nil {
 				t.Fatal("the replica keeps no session after writing it")
 			}
-			if err := startRetry(ctx, s, "s", "R1"); err != nil {
+			if err := startRetry(ctx, s, "s", first.Scheduled.ID); err != nil {
 				t.Fatal(err)
 			}
 			hook.armed.Store(true)

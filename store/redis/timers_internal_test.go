@@ -52,9 +52,11 @@ func TestPostponeOnlyDamagedData(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: the timer after postpone: %v", tt.name, err)
 		}
-		moved := time.Duration(after-before) * time.Millisecond
-		if deferred := moved >= damagedRetry-time.Second; deferred != tt.deferred {
-			t.Errorf("%s: the timer moved %v; want postponed %v", tt.name, moved, tt.deferred)
+		// Postponed: a minute from now (the session's timer was at its
+		// retry's abandon time); otherwise where it was.
+		postponed := float64(clock.now().Add(damagedRetry).UnixMilli())
+		if deferred := after != before && after == postponed; deferred != tt.deferred || !deferred && after != before {
+			t.Errorf("%s: the timer moved from %v to %v; want postponed (to %v) %v", tt.name, before, after, postponed, tt.deferred)
 		}
 	}
 }

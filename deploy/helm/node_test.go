@@ -39,8 +39,9 @@ const podTimeout = 3 * time.Minute
 
 // TestChartOnANode installs the chart with the pinned helm (`helm install
 // --wait`) into a real cluster with a real node: etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler and a kubelet whose pods run in
-// Debian's containerd and runc on a CNI bridge (internal/kubetest), with
+// kube-controller-manager, kube-scheduler, CoreDNS, kube-proxy and a
+// kubelet whose pods run in Debian's containerd and runc on a CNI bridge
+// (internal/kubetest), with
 // the image deploy/image builds imported into containerd. It checks that
 // the pods become Ready through the kubelet's gRPC probes, run confined as
 // the chart's security context asks, and serve through a port-forward
@@ -50,8 +51,11 @@ const podTimeout = 3 * time.Minute
 //     StatefulSet's new pod still knows the retry scheduled before;
 //   - Redis store (redis-server on the node's address): two replicas, a
 //     FailedStep on one and an AwaitRetry on the other get one Started,
-//     and the PodDisruptionBudget refuses the eviction of the second pod
-//     while the first is being replaced.
+//     the PodDisruptionBudget refuses the eviction of the second pod
+//     while the first is being replaced, and a rolling restart keeps a
+//     pod Ready throughout;
+//   - `helm test` passes: its pod finds the Service through the cluster's
+//     DNS and reaches a pod through kube-proxy's rules.
 func TestChartOnANode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Kubernetes control plane and node; not with -short")
@@ -69,7 +73,8 @@ func TestChartOnANode(t *testing.T) {
 		t.Fatalf("the chart's image is %s, the built image %s", c.Image, ref)
 	}
 	cluster := kubetest.Start(t, kubetest.Options{})
-	node := kubetest.StartNode(t, cluster, kubetest.NodeOptions{Images: []string{image}})
+	node := kubetest.StartNode(t, cluster, kubetest.NodeOptions{Images: []string{image}, DNS: true})
+	cluster.StartProxy(t, node.Name, node.PodSubnet)
 	t.Logf("control plane and node ready after %v", time.Since(start).Round(time.Second))
 	k := &kube{cs: cluster.Client(t), cfg: cluster.RESTConfig(), kubeconfig: cluster.Kubeconfig, node: node}
 
@@ -81,6 +86,9 @@ func TestChartOnANode(t *testing.T) {
 		if !strings.Contains(out, `"retryId"`) {
 			t.Errorf("grpcurl FailedStep through the port-forward answered %s, want a scheduled retry", out)
 		}
+		// The chart's test pod asks the Service by name: the cluster's DNS
+		// on the node, then kube-proxy's rules to the pod.
+		helmOn{kubeconfig: k.kubeconfig, namespace: "mem"}.run(t, "test", release, "--timeout", "2m")
 	})
 
 	t.Run("file", func(t *testing.T) {
@@ -138,6 +146,7 @@ func TestChartOnANode(t *testing.T) {
 		}
 
 		k.checkDisruptionBudget(t, "redis", pods)
+		k.checkRollingRestart(t, "redis", 1)
 	})
 }
 
@@ -383,6 +392,55 @@ func (k *kube) checkDisruptionBudget(t *testing.T, ns string, pods []corev1.Pod)
 		t.Errorf("evicting %s right after %s: %v, want 429 Too Many Requests from the PodDisruptionBudget", pods[1].Name, pods[0].Name, err)
 	}
 	k.readyPods(t, ns, 2, pods[0].UID)
+}
+
+// checkRollingRestart restarts the release's two pods the way `kubectl
+// rollout restart` does (a changed pod template annotation, here through
+// `helm upgrade --reuse-values --wait`) while it samples the Ready pods:
+// never fewer than minReady, the PodDisruptionBudget's minimum, and two
+// new pods in the end.
+func (k *kube) checkRollingRestart(t *testing.T, ns string, minReady int) {
+	t.Helper()
+	before := map[types.UID]bool{}
+	for _, p := range k.readyPods(t, ns, 2, "") {
+		before[p.UID] = true
+	}
+	selector := "app.kubernetes.io/instance=" + release + ",app.kubernetes.io/component!=test"
+	lowest := make(chan int, 1)
+	stop := make(chan struct{})
+	go func() {
+		low := 2
+		for {
+			select {
+			case <-stop:
+				lowest <- low
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			pods, err := k.cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
+			if err != nil {
+				continue
+			}
+			ready := 0
+			for _, p := range pods.Items {
+				if p.DeletionTimestamp == nil && podReady(&p) {
+					ready++
+				}
+			}
+			low = min(low, ready)
+		}
+	}()
+	helmOn{kubeconfig: k.kubeconfig, namespace: ns}.run(t, "upgrade", release, chartDir(t), "--reuse-values",
+		"--set-string", "podAnnotations.retryd-test/restart=1", "--wait", "--timeout", podTimeout.String())
+	close(stop)
+	if low := <-lowest; low < minReady {
+		t.Errorf("during the rolling restart only %d pods were Ready, want at least %d", low, minReady)
+	}
+	for _, p := range k.readyPods(t, ns, 2, "") {
+		if before[p.UID] {
+			t.Errorf("pod %s is still Ready after the rolling restart, want it replaced", p.Name)
+		}
+	}
 }
 
 // retryState opens AwaitRetry of retryID and returns its first message,

@@ -54,6 +54,9 @@ type Node struct {
 	// Containerd runs the pods; Kubelet is the kubelet's process.
 	Containerd *containerdtest.Containerd
 	Kubelet    *Process
+	// DNS is the cluster's DNS on the node's IP, the pods' nameserver;
+	// nil unless NodeOptions.DNS.
+	DNS *DNS
 
 	cluster    *Cluster
 	bridge     string
@@ -66,6 +69,10 @@ type NodeOptions struct {
 	// Images are OCI image layout directories imported into containerd
 	// before the kubelet starts, so pods use them without a registry.
 	Images []string
+	// DNS starts the cluster's DNS (Cluster.StartDNS) on the node's IP and
+	// makes it the pods' nameserver (the kubelet's clusterDNS), so a pod
+	// finds a Service by name. Without it pods have no nameserver.
+	DNS bool
 }
 
 // kubeletSysctls are the kernel settings the kubelet sets at start (its
@@ -122,6 +129,9 @@ func StartNode(t testing.TB, c *Cluster, opts NodeOptions) *Node {
 	if err := n.network(); err != nil {
 		t.Fatal(err)
 	}
+	if opts.DNS {
+		n.DNS = c.StartDNS(t, n.IP)
+	}
 	n.Containerd = containerdtest.Start(t, containerdtest.Options{
 		SandboxImage: containerdtest.PauseImage,
 		CNIConfDir:   filepath.Join(dir, "cni"),
@@ -172,8 +182,11 @@ func (n *Node) network() error {
 			"ipMasq":      false,
 			"hairpinMode": true,
 			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": n.PodSubnet, "gateway": n.IP}}},
+				"type":   "host-local",
+				"ranges": [][]map[string]string{{{"subnet": n.PodSubnet, "gateway": n.IP}}},
+				// A default route through the node, so that Service IPs
+				// (which kube-proxy rewrites on the node) are reachable.
+				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
 				"dataDir": filepath.Join(n.Dir, "cni-ipam"),
 			},
 		}},
@@ -199,7 +212,9 @@ func (n *Node) network() error {
 //     because the machine's disk is fuller than a cluster node's would be.
 //   - The kubelet's API accepts only client certificates issued by the
 //     cluster's CA (the API server's, for logs, exec and port-forward).
-//   - The cluster has no DNS: pods get an empty resolv.conf.
+//   - Pods get no nameserver from the machine (an empty resolv.conf):
+//     with NodeOptions.DNS the cluster's DNS is theirs, appended as
+//     clusterDNS.
 const kubeletConfig = `apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -262,6 +277,9 @@ func (n *Node) startKubelet(bin string) error {
 	n.Kubelet, _, err = startOnFreePorts(2, func(ports []int) (*Process, error) {
 		cfg := fmt.Sprintf(kubeletConfig, n.cgroupRoot, n.Containerd.Socket, n.IP, ports[0], ports[1],
 			cert.CertFile, cert.KeyFile, n.cluster.CA.CertFile, filepath.Join(n.Dir, "pod-logs"), resolv)
+		if n.DNS != nil {
+			cfg += fmt.Sprintf("clusterDomain: %s\nclusterDNS: [%q]\n", ClusterDomain, n.IP)
+		}
 		path := filepath.Join(n.Dir, "kubelet.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			return nil, err

@@ -12,7 +12,7 @@ import (
 )
 
 // Snapshot codec. A session is stored as its engine snapshot
-// (retryd.state.v1.Session), an event as retryd.v1.Event.
+// (retryd.state.v1.Session); events are in events.go.
 
 // damaged is the error of a session whose stored data does not decode: the
 // one failure that trying again cannot mend (see postpone).

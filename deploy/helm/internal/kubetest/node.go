@@ -59,6 +59,7 @@ type Node struct {
 	DNS *DNS
 
 	cluster    *Cluster
+	client     kubernetes.Interface // cluster-admin, for the node's own checks
 	bridge     string
 	cgroupRoot string            // the kubelet's cgroup root, removed at the end
 	sysctls    map[string]string // the kernel settings the kubelet changes, as they were
@@ -122,7 +123,7 @@ func StartNode(t testing.TB, c *Cluster, opts NodeOptions) *Node {
 		t.Fatal(err)
 	}
 	suffix := randomHex(3)
-	n := &Node{Name: NodeName, Dir: dir, cluster: c, bridge: "kt" + suffix, cgroupRoot: "kubetest-" + suffix}
+	n := &Node{Name: NodeName, Dir: dir, cluster: c, client: c.Client(t), bridge: "kt" + suffix, cgroupRoot: "kubetest-" + suffix}
 	// Cleanups run last-registered first: the kubelet stops before
 	// containerd, and containerd before the network and cgroups go.
 	t.Cleanup(func() { n.removeHostState(t) })
@@ -304,7 +305,7 @@ func (n *Node) startKubelet(bin string) error {
 func (n *Node) schedulable() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	node, err := n.client().CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	node, err := n.client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -390,7 +391,7 @@ func removeLogLinks(dir string) {
 func (n *Node) drain() error {
 	ctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
-	cs := n.client()
+	cs := n.client
 	if _, err := cs.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType,
 		[]byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{}); err != nil {
 		return fmt.Errorf("cordon %s: %w", n.Name, err)
@@ -413,15 +414,6 @@ func (n *Node) drain() error {
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-// client is a cluster-admin client for the node's own checks.
-func (n *Node) client() kubernetes.Interface {
-	cs, err := kubernetes.NewForConfig(n.cluster.RESTConfig())
-	if err != nil {
-		panic(err) // only a malformed configuration fails, and RESTConfig's is not
-	}
-	return cs
 }
 
 func randomHex(n int) string {

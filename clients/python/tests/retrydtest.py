@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -117,7 +117,9 @@ def verify_event_lines(binary: str, lines: List[str]) -> str:
 class TCPProxy:
     """Forwards 127.0.0.1:<port> to target. cut() closes every connection
     it carries (both sides, with a reset), as a network failure would; new
-    connections are forwarded again unless refuse is set."""
+    connections are forwarded again unless refuse is set. silence() makes
+    every connection it carries drop what either side sends, without
+    closing it, as a path that went silent would."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
@@ -129,6 +131,7 @@ class TCPProxy:
         self.accepted = 0
         self.refuse = False
         self._closed = False
+        self._silenced: Set[socket.socket] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -151,14 +154,16 @@ class TCPProxy:
             threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                dst.sendall(data)
+                with self._lock:
+                    silenced = src in self._silenced
+                if not silenced:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -172,6 +177,17 @@ class TCPProxy:
         """Forwards new connections to target (a restarted server)."""
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
+
+    def silence(self) -> int:
+        """Drops, from now on, whatever either side of every carried
+        connection sends; the connections stay open and nothing answers
+        (their TCP segments are still acknowledged: the silence is the
+        application's, which is what gRPC's keepalive pings see). New
+        connections are forwarded as before. Returns how many it
+        silenced."""
+        with self._lock:
+            self._silenced.update(self._conns)
+            return len(self._conns) // 2
 
     def cut(self) -> int:
         """Resets every carried connection; returns how many it cut."""

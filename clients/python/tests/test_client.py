@@ -16,6 +16,7 @@ import pytest
 import retryd
 from helpers import backoff_policy, failed_step, kinds, wait_awaiters, watch_session
 from retrydtest import RetrydServer, TCPProxy
+from retryd._transport import KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
 from retryd.v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
 
 
@@ -359,3 +360,28 @@ def test_await_unknown_retry_is_not_found(client: retryd.Client) -> None:
     with pytest.raises(grpc.RpcError) as err:
         client.await_retry("no-such-retry", timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_default_keepalive_finds_a_silent_connection(server: RetrydServer) -> None:
+    """The client's default keepalive (a ping after KEEPALIVE_TIME_MS
+    without traffic, the connection closed when none is answered within
+    KEEPALIVE_TIMEOUT_MS) finds a connection that went silent: a call made
+    with a minute's timeout on a connection that drops everything (the
+    proxy's silence) ends within keepalive time + timeout, answered over a
+    new connection (gRPC's retry of GetChains on UNAVAILABLE), where
+    without keepalive it would wait for its timeout."""
+    proxy = TCPProxy(server.addr)
+    try:
+        with retryd.Client(proxy.addr, credentials=retryd.insecure()) as c:
+            c.failed_step(failed_step("py-keepalive", 1, 1, backoff_policy(5_000)), timeout=10)
+            assert proxy.silence() == 1
+            began = time.monotonic()
+            c.get_chains("py-keepalive", timeout=60)
+            took = time.monotonic() - began
+        detect = (KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS) / 1000
+        # No sooner than an unanswered ping can time out, no later than
+        # the first ping's timeout (plus slack for a loaded machine).
+        assert KEEPALIVE_TIMEOUT_MS / 1000 - 1 <= took <= detect + 5, f"the call took {took:.1f} s"
+        assert proxy.accepted >= 2, f"{proxy.accepted} connections: the call was not answered over a new one"
+    finally:
+        proxy.close()

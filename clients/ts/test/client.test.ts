@@ -10,7 +10,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { CancelReason, DelaySource, type Event } from "../src/gen/retryd/v1/events_pb.js";
 import { Mode } from "../src/gen/retryd/v1/policy_pb.js";
 import { RetryStatus } from "../src/gen/retryd/v1/retry_service_pb.js";
-import { RetrydClient, type FailedStepInit } from "../src/client.js";
+import { KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS, RetrydClient, type FailedStepInit } from "../src/client.js";
 import { errorReason, fieldViolations, Reason, retryPendingId } from "../src/errors.js";
 import { startRetryd, type RetrydServer } from "./server.js";
 
@@ -68,10 +68,13 @@ async function sessionEvents(sessionId: string): Promise<Event[]> {
 }
 
 // A loopback TCP proxy that can sever every connection open at the time,
-// to break streams in flight; new connections are forwarded as before.
+// to break streams in flight, or silence them (what either side sends is
+// dropped, nothing closes), as a path that went silent would; new
+// connections are forwarded as before.
 class Proxy {
   readonly #server: Server;
   readonly #sockets = new Set<Socket>();
+  readonly #pairs = new Set<[Socket, Socket]>();
   accepted = 0;
 
   constructor(target: string) {
@@ -88,7 +91,12 @@ class Proxy {
       }
       down.pipe(up);
       up.pipe(down);
-      down.on("close", () => up.destroy());
+      const pair: [Socket, Socket] = [down, up];
+      this.#pairs.add(pair);
+      down.on("close", () => {
+        this.#pairs.delete(pair);
+        up.destroy();
+      });
       up.on("close", () => down.destroy());
     });
   }
@@ -98,6 +106,22 @@ class Proxy {
     const a = this.#server.address();
     assert.ok(a !== null && typeof a === "object");
     return `127.0.0.1:${a.port}`;
+  }
+
+  // silence drops, from now on, whatever either side of every open
+  // connection sends, and keeps the connections open (their TCP segments
+  // are still acknowledged: the silence is what HTTP/2 pings see). It
+  // returns how many it silenced.
+  silence(): number {
+    for (const [down, up] of this.#pairs) {
+      down.unpipe(up);
+      up.unpipe(down);
+      for (const s of [down, up]) {
+        s.on("data", () => {});
+        s.resume();
+      }
+    }
+    return this.#pairs.size;
   }
 
   sever(): void {
@@ -128,6 +152,39 @@ test("recover re-attaches after the stream breaks, and the retry starts once", a
     assert.ok(proxy.accepted >= 2, `the client connected ${proxy.accepted} times; want a re-attach`);
     const started = (await sessionEvents(session)).filter((e) => e.kind.case === "started");
     assert.equal(started.length, 1, "one Started in the log");
+  } finally {
+    viaProxy.close();
+    await proxy.close();
+  }
+});
+
+test("the default keepalive closes a connection that went silent", async () => {
+  // A ping after KEEPALIVE_TIME_MS without traffic, the connection closed
+  // when none is answered within KEEPALIVE_TIMEOUT_MS: a call made with a
+  // minute's deadline on a connection that drops everything ends within
+  // keepalive time + timeout, where without keepalive it would wait for
+  // its deadline.
+  const proxy = new Proxy(server.addr);
+  const viaProxy = new RetrydClient(await proxy.listen(), { insecure: true });
+  try {
+    await viaProxy.failedStep(failure("ts-keepalive", 1, 1, 5_000));
+    assert.equal(proxy.silence(), 1);
+    const began = Date.now();
+    const err: unknown = await viaProxy
+      .getChains("ts-keepalive", { signal: AbortSignal.timeout(60_000) })
+      .then(() => undefined, (e: unknown) => e);
+    const took = Date.now() - began;
+    // Answered over a new connection (the client's retry of UNAVAILABLE),
+    // or UNAVAILABLE: either way the silent connection was given up.
+    if (err !== undefined) {
+      assert.equal(ConnectError.from(err).code, Code.Unavailable, `the call failed: ${String(err)}`);
+    }
+    // No sooner than an unanswered ping can time out, no later than the
+    // first ping's timeout (plus slack for a loaded machine).
+    assert.ok(
+      took >= KEEPALIVE_TIMEOUT_MS - 1000 && took <= KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS + 5000,
+      `the call ended after ${took} ms`,
+    );
   } finally {
     viaProxy.close();
     await proxy.close();

@@ -19,32 +19,42 @@ import (
 // BenchmarkPathLatency measures what a replica decides when its path to
 // Redis is slow or lossy: one retryd process over a namespaced path with
 // the round trip lengthened by rtt (half each way, ± an eighth of it) and
-// loss of each packet each way, 32 agents each calling FailedStep of a
-// new session, one call after the other, b.N calls in all. It reports the
-// decisions answered OK per second, their p50 and p99, and the calls that
-// failed UNAVAILABLE (the store URL's default bound of 1 s). Run it as
-// root with
+// loss of each packet each way, 32 agents (or as many as the case names)
+// each calling FailedStep of a new session, one call after the other, b.N
+// calls in all. It reports the decisions answered OK per second, their p50
+// and p99, and the calls that failed UNAVAILABLE (the store URL's default
+// bound of 1 s, unless the case names one). Run it as root with
 //
 //	go test -run '^$' -bench PathLatency -benchtime 2000x ./store/redis/
 //
-// "bound" is what one group commit per round trip allows with 32 callers
+// "bound" is what one group commit per round trip allows with N callers
 // that each call again once answered: a call waits for the group in
-// flight, then commits in the next one, so 32 decisions per two added
+// flight, then commits in the next one, so N decisions per two added
 // round trips.
 func BenchmarkPathLatency(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		rtt  time.Duration
-		loss float64
+		name    string
+		rtt     time.Duration
+		loss    float64
+		workers int
+		// bound is the store URL's unavailable_after; zero is its default.
+		bound time.Duration
 	}{
-		{"rtt=0", 0, 0},
-		{"rtt=50ms", 50 * time.Millisecond, 0},
-		{"rtt=200ms", 200 * time.Millisecond, 0},
-		{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05},
+		{"rtt=0", 0, 0, 32, 0},
+		{"rtt=50ms", 50 * time.Millisecond, 0, 32, 0},
+		{"rtt=200ms", 200 * time.Millisecond, 0, 32, 0},
+		{"rtt=200ms/bound=3s", 200 * time.Millisecond, 0, 32, 3 * time.Second},
+		{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128, 0},
+		{"rtt=200ms/agents=128/bound=3s", 200 * time.Millisecond, 0, 128, 3 * time.Second},
+		{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32, 0},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			srv := redistest.StartInNamespace(b, 1)
-			s := retrydtest.Start(b, "--store", srv.URL(0, 0))
+			url := srv.URL(0, 0)
+			if c.bound > 0 {
+				url += "?unavailable_after=" + c.bound.String()
+			}
+			s := retrydtest.Start(b, "--store", url)
 			if c.rtt > 0 {
 				srv.Delay(b, 0, c.rtt/2, c.rtt/8)
 			}
@@ -52,7 +62,7 @@ func BenchmarkPathLatency(b *testing.B) {
 				srv.Lose(b, 0, c.loss)
 			}
 			client := retrydv1.NewRetryServiceClient(s.Conn(b))
-			const workers = 32
+			workers := c.workers
 			var next atomic.Int64
 			var mu sync.Mutex
 			var ok []time.Duration
@@ -95,7 +105,7 @@ func BenchmarkPathLatency(b *testing.B) {
 			}
 			b.ReportMetric(float64(unavailable), "unavailable")
 			if c.rtt > 0 {
-				b.ReportMetric(workers/(2*c.rtt.Seconds()), "bound-decisions/s")
+				b.ReportMetric(float64(workers)/(2*c.rtt.Seconds()), "bound-decisions/s")
 			}
 		})
 	}

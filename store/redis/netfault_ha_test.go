@@ -62,3 +62,25 @@ func TestFlappingCluster(t *testing.T) {
 	flapping, steady := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
 	proveFlapping(t, flapping, steady, func() { sn.Cut(t, 0) }, func() { sn.Heal(t, 0) })
 }
+
+// TestBlackholedSentinelAwaiters is TestBlackholedAwaiters over a
+// Sentinel URL.
+func TestBlackholedSentinelAwaiters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: cuts a path to Redis for seconds")
+	}
+	sn := redistest.StartSentinelNet(t, 2)
+	cut, healthy := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
+	proveBlackholedAwaiters(t, cut, healthy, func() { sn.Cut(t, 0) }, func() { sn.Heal(t, 0) })
+}
+
+// TestBlackholedClusterAwaiters is TestBlackholedAwaiters over a Cluster
+// URL.
+func TestBlackholedClusterAwaiters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: cuts a path to Redis for seconds")
+	}
+	sn := redistest.StartClusterNet(t, 2)
+	cut, healthy := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
+	proveBlackholedAwaiters(t, cut, healthy, func() { sn.Cut(t, 0) }, func() { sn.Heal(t, 0) })
+}

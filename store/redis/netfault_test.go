@@ -263,20 +263,28 @@ func quantiles(d []time.Duration) string {
 }
 
 // TestBlackholedAwaiters: AwaitRetry streams on a replica whose path to
-// Redis drops every packet end UNAVAILABLE within about a second plus the
-// bound (a waiting stream reads its retry at least once a second), so
-// agents re-attach to a replica that can reach Redis. A stream opened
-// directly on the cut replica ends UNAVAILABLE; awaiters of the Go client
-// over both replicas (round_robin, health-checked) re-attach to the
-// healthy one and each gets its retry's one Started close to its due
-// time, although the path stays cut past the due time; the invariant
-// checker passes.
+// Redis drops every packet (proveBlackholedAwaiters).
 func TestBlackholedAwaiters(t *testing.T) {
 	if testing.Short() {
 		t.Skip("slow: cuts a path to Redis for seconds")
 	}
 	srv := redistest.StartInNamespace(t, 2)
 	cut, healthy := startOverPath(t, srv, 0), startOverPath(t, srv, 1)
+	proveBlackholedAwaiters(t, cut, healthy, func() { srv.Cut(t, 0) }, func() { srv.Heal(t, 0) })
+}
+
+// proveBlackholedAwaiters cuts the path of replica cut to Redis with
+// cutPath while awaiters wait, and heals it with healPath once they are
+// answered. AwaitRetry streams on the cut replica end UNAVAILABLE within
+// about a second plus the bound (a waiting stream reads its retry at least
+// once a second), so agents re-attach to a replica that can reach Redis. A
+// stream opened directly on the cut replica ends UNAVAILABLE; awaiters of
+// the Go client over both replicas (round_robin, health-checked) re-attach
+// to the healthy one and each gets its retry's one Started close to its
+// due time, although the path stays cut past the due time; the invariant
+// checker passes.
+func proveBlackholedAwaiters(t *testing.T, cut, healthy *retrydtest.Server, cutPath, healPath func()) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	hc := retrydv1.NewRetryServiceClient(healthy.Conn(t))
@@ -306,7 +314,7 @@ func TestBlackholedAwaiters(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond) // every awaiter attached
 
-	srv.Cut(t, 0)
+	cutPath()
 	cutAt := time.Now()
 	_, err := terminal(direct)
 	ended := time.Since(cutAt)
@@ -318,7 +326,7 @@ func TestBlackholedAwaiters(t *testing.T) {
 		t.Errorf("the stream on the cut replica ended %v after the cut, want within %v", ended, time.Second+netBound+netSlack)
 	}
 	wg.Wait()
-	srv.Heal(t, 0)
+	healPath()
 
 	var late []time.Duration
 	for _, a := range all {

@@ -84,3 +84,25 @@ func TestBlackholedClusterAwaiters(t *testing.T) {
 	cut, healthy := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
 	proveBlackholedAwaiters(t, cut, healthy, func() { sn.Cut(t, 0) }, func() { sn.Heal(t, 0) })
 }
+
+// TestLatencyAndLossSentinel is TestLatencyAndLoss over a Sentinel URL:
+// one replica's path to the master and its Sentinel is slow and lossy.
+func TestLatencyAndLossSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs a load over a slow, lossy path")
+	}
+	sn := redistest.StartSentinelNet(t, 2)
+	slow, clean := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
+	proveLatencyAndLoss(t, slow, clean, sn)
+}
+
+// TestLatencyAndLossCluster is TestLatencyAndLoss over a Cluster URL: one
+// replica's path to every node is slow and lossy.
+func TestLatencyAndLossCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: runs a load over a slow, lossy path")
+	}
+	sn := redistest.StartClusterNet(t, 2)
+	slow, clean := startInStoreNet(t, sn, 0), startInStoreNet(t, sn, 1)
+	proveLatencyAndLoss(t, slow, clean, sn)
+}

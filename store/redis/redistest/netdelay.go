@@ -34,14 +34,20 @@ const queueLen = 16384
 // slow link. It lasts until the test ends or Undelay.
 func (s *NetServer) Delay(t testing.TB, i int, delay, jitter time.Duration) {
 	t.Helper()
+	delayPath(t, s.ns, &s.paths[i], i, delay, jitter)
+}
+
+// delayPath delays path i, whose inner end is in namespace netns (see
+// NetServer.Delay).
+func delayPath(t testing.TB, netns string, p *netPath, i int, delay, jitter time.Duration) {
+	t.Helper()
 	if jitter > delay {
 		t.Fatalf("redistest: jitter %v exceeds delay %v", jitter, delay)
 	}
-	s.Undelay(t, i)
-	p := &s.paths[i]
-	ns, err := os.Open("/var/run/netns/" + s.ns)
+	undelayPath(t, p)
+	ns, err := os.Open("/var/run/netns/" + netns)
 	if err != nil {
-		t.Fatalf("redistest: opening namespace %s: %v", s.ns, err)
+		t.Fatalf("redistest: opening namespace %s: %v", netns, err)
 	}
 	defer ns.Close()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -62,7 +68,7 @@ func (s *NetServer) Delay(t testing.TB, i int, delay, jitter time.Duration) {
 		})
 		if err != nil {
 			stop()
-			t.Fatalf("redistest: opening NFQUEUE %d in %s: %v", num, s.ns, err)
+			t.Fatalf("redistest: opening NFQUEUE %d in %s: %v", num, netns, err)
 		}
 		queues = append(queues, q)
 		// A full socket buffer must not end the delayer: the kernel then
@@ -95,7 +101,7 @@ func (s *NetServer) Delay(t testing.TB, i int, delay, jitter time.Duration) {
 			}
 			// The hook ends: packets then stay queued, which the test sees
 			// as a cut path.
-			t.Logf("redistest: NFQUEUE %d in %s: %v", num, s.ns, err)
+			t.Logf("redistest: NFQUEUE %d in %s: %v", num, netns, err)
 			return 1
 		}
 		if err := q.RegisterWithErrorFunc(ctx, hook, failed); err != nil {
@@ -119,15 +125,15 @@ func (s *NetServer) Delay(t testing.TB, i int, delay, jitter time.Duration) {
 				}
 			}
 		})
-		s.iptables(t, "-A", rule[0], rule[1], p.inner, "-j", "NFQUEUE", "--queue-num", fmt.Sprint(num))
+		iptables(t, netns, "-A", rule[0], rule[1], p.inner, "-j", "NFQUEUE", "--queue-num", fmt.Sprint(num))
 	}
 	p.undelay = func(t testing.TB) {
 		for dir, rule := range [][]string{{"INPUT", "-i"}, {"OUTPUT", "-o"}} {
-			s.iptables(t, "-D", rule[0], rule[1], p.inner, "-j", "NFQUEUE", "--queue-num", fmt.Sprint(100+2*i+dir))
+			iptables(t, netns, "-D", rule[0], rule[1], p.inner, "-j", "NFQUEUE", "--queue-num", fmt.Sprint(100+2*i+dir))
 		}
 		stop()
 	}
-	t.Cleanup(func() { s.Undelay(t, i) })
+	t.Cleanup(func() { undelayPath(t, p) })
 }
 
 // heldPacket is a packet the delayer holds until at.
@@ -140,7 +146,11 @@ type heldPacket struct {
 // still pass at their time.
 func (s *NetServer) Undelay(t testing.TB, i int) {
 	t.Helper()
-	p := &s.paths[i]
+	undelayPath(t, &s.paths[i])
+}
+
+func undelayPath(t testing.TB, p *netPath) {
+	t.Helper()
 	if p.undelay != nil {
 		p.undelay(t)
 		p.undelay = nil
@@ -152,11 +162,17 @@ func (s *NetServer) Undelay(t testing.TB, i int) {
 // trips take now and then a retransmission timeout longer.
 func (s *NetServer) Lose(t testing.TB, i int, p float64) {
 	t.Helper()
-	path := &s.paths[i]
+	losePath(t, s.ns, &s.paths[i], p)
+}
+
+// losePath sets the loss of path, whose inner end is in namespace netns
+// (see NetServer.Lose).
+func losePath(t testing.TB, netns string, path *netPath, p float64) {
+	t.Helper()
 	rules := func(op string) {
 		prob := fmt.Sprintf("%.4f", path.loss)
-		s.iptables(t, op, "INPUT", "-i", path.inner, "-m", "statistic", "--mode", "random", "--probability", prob, "-j", "DROP")
-		s.iptables(t, op, "OUTPUT", "-o", path.inner, "-m", "statistic", "--mode", "random", "--probability", prob, "-j", "DROP")
+		iptables(t, netns, op, "INPUT", "-i", path.inner, "-m", "statistic", "--mode", "random", "--probability", prob, "-j", "DROP")
+		iptables(t, netns, op, "OUTPUT", "-o", path.inner, "-m", "statistic", "--mode", "random", "--probability", prob, "-j", "DROP")
 	}
 	if path.loss > 0 {
 		rules("-D")
@@ -169,10 +185,10 @@ func (s *NetServer) Lose(t testing.TB, i int, p float64) {
 	}
 }
 
-// iptables runs iptables with args inside the server's namespace.
-func (s *NetServer) iptables(t testing.TB, args ...string) {
+// iptables runs iptables with args inside namespace netns.
+func iptables(t testing.TB, netns string, args ...string) {
 	t.Helper()
-	args = append([]string{"netns", "exec", s.ns, "iptables", "-w"}, args...)
+	args = append([]string{"netns", "exec", netns, "iptables", "-w"}, args...)
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 		t.Fatalf("iptables %s: %v: %s", strings.Join(args[3:], " "), err, out)
 	}

@@ -250,3 +250,23 @@ func (sn *StoreNet) Heal(t testing.TB, i int) {
 	t.Helper()
 	ip(t, "-n", sn.ns, "link", "set", sn.replicas[i].store.inner, "up")
 }
+
+// Delay holds every packet of replica i's store path, each way, for
+// delay ± jitter (see NetServer.Delay), until the test ends or Undelay.
+func (sn *StoreNet) Delay(t testing.TB, i int, delay, jitter time.Duration) {
+	t.Helper()
+	delayPath(t, sn.ns, &sn.replicas[i].store, i, delay, jitter)
+}
+
+// Undelay lets replica i's store path through at once again.
+func (sn *StoreNet) Undelay(t testing.TB, i int) {
+	t.Helper()
+	undelayPath(t, &sn.replicas[i].store)
+}
+
+// Lose drops each packet of replica i's store path, each way, with
+// probability p (see NetServer.Lose; 0 stops the loss).
+func (sn *StoreNet) Lose(t testing.TB, i int, p float64) {
+	t.Helper()
+	losePath(t, sn.ns, &sn.replicas[i].store, p)
+}

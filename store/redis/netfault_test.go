@@ -211,9 +211,12 @@ func proveBlackholed(t *testing.T, cut, healthy *retrydtest.Server, cutPath, hea
 		t.Error("health never reported NOT_SERVING during the cut")
 	} else {
 		t.Logf("NOT_SERVING %v after the cut", notServing.Sub(cutAt).Round(time.Millisecond))
-		// The server probes about once a second, each probe bounded.
-		if d := notServing.Sub(cutAt); d > time.Second+netBound+netSlack {
-			t.Errorf("NOT_SERVING %v after the cut, want within %v", d, time.Second+netBound+netSlack)
+		// The server probes about once a second, each probe bounded; the
+		// probe's timer and the health watch each wait for a core on a
+		// loaded machine (1.9 s was seen with this slack's half), while a
+		// held probe would report only at the heal, 4 s after the cut.
+		if d, within := notServing.Sub(cutAt), time.Second+netBound+2*netSlack; d > within {
+			t.Errorf("NOT_SERVING %v after the cut, want within %v", d, within)
 		}
 	}
 	serving, ok := health.first(healthpb.HealthCheckResponse_SERVING, healedAt)

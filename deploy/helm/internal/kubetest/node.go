@@ -357,6 +357,7 @@ func (n *Node) removeHostState(t testing.TB) {
 	}
 	removeCgroups(n.cgroupRoot)
 	_ = exec.Command("ip", "link", "del", n.bridge).Run()
+	removeKubeletRules()
 	removeLogLinks(n.Dir)
 	if err := containerdtest.UnmountUnder(n.Dir); err != nil {
 		t.Logf("kubetest: %v", err)
@@ -367,6 +368,42 @@ func (n *Node) removeHostState(t testing.TB) {
 	}
 	if err := os.RemoveAll(n.Dir); err != nil {
 		t.Logf("kubetest: %v", err)
+	}
+}
+
+// kubeletChains are the iptables chains a kubelet makes on its machine
+// (pkg/kubelet/kubelet_network_linux.go): a canary it watches in three
+// tables, a hint for iptables' mode, and a firewall, jumped to from INPUT
+// and OUTPUT, that drops packets to 127.0.0.0/8 from other sources. A
+// stopped kubelet leaves them; another node's running kubelet puts its
+// own back when its canary goes.
+var kubeletChains = []struct{ table, chain string }{
+	{"filter", "KUBE-FIREWALL"},
+	{"filter", "KUBE-KUBELET-CANARY"},
+	{"mangle", "KUBE-KUBELET-CANARY"},
+	{"nat", "KUBE-KUBELET-CANARY"},
+	{"mangle", "KUBE-IPTABLES-HINT"},
+}
+
+// removeKubeletRules removes the kubelet's chains and the jumps to its
+// firewall, for IPv4 and IPv6, leaving the machine's rules as they were.
+func removeKubeletRules() {
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			continue
+		}
+		for _, from := range []string{"INPUT", "OUTPUT"} {
+			// One jump each; the bound only guards against a loop.
+			for range 8 {
+				if exec.Command(tool, "-w", "-t", "filter", "-D", from, "-j", "KUBE-FIREWALL").Run() != nil {
+					break
+				}
+			}
+		}
+		for _, c := range kubeletChains {
+			_ = exec.Command(tool, "-w", "-t", c.table, "-F", c.chain).Run()
+			_ = exec.Command(tool, "-w", "-t", c.table, "-X", c.chain).Run()
+		}
 	}
 }
 

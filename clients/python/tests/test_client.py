@@ -8,7 +8,7 @@ from __future__ import annotations
 import _thread
 import threading
 import time
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import grpc
 import pytest
@@ -276,10 +276,37 @@ def test_several_awaiters_of_one_retry(client: retryd.Client) -> None:
     assert kinds(watch_session(client, session)) == ["scheduled", "started"]
 
 
-def _after_waiting(client: retryd.Client, session: str, act: Callable[[], None]) -> None:
-    """Runs act once recover() waits on the session's pending retry."""
-    wait_awaiters(client, session, 1)
-    act()
+class _AfterWaiting:
+    """Runs act in a thread once recover() waits on the session's pending
+    retry; check() raises what kept it from acting (a thread's failure is
+    otherwise lost, and the test would fail only with recover's timeout)."""
+
+    def __init__(self, client: retryd.Client, session: str, act: Callable[[], None]) -> None:
+        self._error: Optional[BaseException] = None
+        self.acted_at = 0.0
+
+        def run() -> None:
+            try:
+                wait_awaiters(client, session, 1, timeout=WAIT_BOUND)
+            except BaseException as e:
+                self._error = e
+                return
+            self.acted_at = time.monotonic()
+            act()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def check(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+# WAIT_BOUND bounds how long a test waits for recover() to attach; recover's
+# own timeout is longer, so on a loaded machine the test fails for what did
+# not happen rather than for the timeout.
+WAIT_BOUND = 30
 
 
 def _assert_cancelled_on_server(client: retryd.Client, session: str, retry_id: str) -> None:
@@ -294,11 +321,13 @@ def test_recover_cancellation_cancels_the_retry(client: retryd.Client) -> None:
     with RecoverAbortedError, and the retry is cancelled on the server."""
     session = "py-recover-cancel"
     cancel = retryd.Cancellation()
-    threading.Thread(target=_after_waiting, args=(client, session, cancel.cancel)).start()
-    begin = time.monotonic()
+    waiting = _AfterWaiting(client, session, cancel.cancel)
     with pytest.raises(retryd.RecoverAbortedError) as aborted:
-        client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), cancel=cancel)
-    assert time.monotonic() - begin < 5
+        try:
+            client.recover(failed_step(session, 1, 1, backoff_policy(60_000, max_delay_ms=60_000)), cancel=cancel)
+        finally:
+            waiting.check()
+    assert time.monotonic() - waiting.acted_at < 5, "recover() went on waiting after the cancellation"
     err = aborted.value
     assert err.reason == "cancelled" and err.cancel_error is None and err.started is None
     assert err.cancelled is not None and err.cancelled.reason == events_pb2.CANCEL_REASON_REQUESTED
@@ -319,9 +348,12 @@ def test_keyboard_interrupt_cancels_the_retry(client: retryd.Client) -> None:
     """Ctrl-C while recover() waits: the retry is cancelled on the server
     and the KeyboardInterrupt goes on."""
     session = "py-recover-interrupt"
-    threading.Thread(target=_after_waiting, args=(client, session, _thread.interrupt_main)).start()
+    waiting = _AfterWaiting(client, session, _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):
-        client.recover(failed_step(session, 1, 1, backoff_policy(10_000)), timeout=10)
+        try:
+            client.recover(failed_step(session, 1, 1, backoff_policy(60_000, max_delay_ms=60_000)), timeout=2 * WAIT_BOUND)
+        finally:
+            waiting.check()
     chain = client.get_chains(session).chains[0]
     _assert_cancelled_on_server(client, session, chain.latest.retry_id)
 

@@ -6,6 +6,7 @@ waiting recover()."""
 from __future__ import annotations
 
 import _thread
+import signal
 import threading
 import time
 from typing import Callable, Iterator, List, Optional
@@ -348,6 +349,17 @@ def test_keyboard_interrupt_cancels_the_retry(client: retryd.Client) -> None:
     """Ctrl-C while recover() waits: the retry is cancelled on the server
     and the KeyboardInterrupt goes on."""
     session = "py-recover-interrupt"
+    # Ctrl-C reaches a process whose SIGINT is handled: a shell starts a
+    # background job with SIGINT ignored, and interrupt_main() then does
+    # nothing, so the test sets Python's own handler for its duration.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _interrupt_while_waiting(client, session)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_while_waiting(client: retryd.Client, session: str) -> None:
     waiting = _AfterWaiting(client, session, _thread.interrupt_main)
     with pytest.raises(KeyboardInterrupt):
         try:

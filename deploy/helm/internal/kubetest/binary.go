@@ -19,10 +19,13 @@ import (
 // to the repository root.
 const Modfile = "tools/kubernetes/go.mod"
 
-// CoreDNSModfile pins CoreDNS, the cluster DNS of a node's pods. It is a
-// module of its own: CoreDNS's release requires newer k8s.io client
-// modules than the pinned Kubernetes release, and each keeps its own.
-const CoreDNSModfile = "tools/coredns/go.mod"
+// CoreDNSModule pins CoreDNS, the cluster DNS of a node's pods, relative to
+// the repository root. It is a module of its own: CoreDNS's release
+// requires newer k8s.io client modules than the pinned Kubernetes release,
+// and each keeps its own. Its CoreDNSPackage is CoreDNS with only the
+// plugins the harness's Corefile uses, so it is built from the module's
+// directory.
+const CoreDNSModule = "tools/coredns"
 
 // The packages of the pinned components.
 const (
@@ -32,13 +35,13 @@ const (
 	SchedulerPackage         = "k8s.io/kubernetes/cmd/kube-scheduler"
 	KubeletPackage           = "k8s.io/kubernetes/cmd/kubelet"
 	KubeProxyPackage         = "k8s.io/kubernetes/cmd/kube-proxy"
-	CoreDNSPackage           = "github.com/coredns/coredns"
+	CoreDNSPackage           = "github.com/retryd/retryd/tools/coredns/cmd/coredns"
 )
 
-// modfileOf is the tools module that pins pkg.
-func modfileOf(pkg string) string {
+// moduleOf is the go.mod of the tools module that pins pkg.
+func moduleOf(pkg string) string {
 	if pkg == CoreDNSPackage {
-		return CoreDNSModfile
+		return CoreDNSModule + "/go.mod"
 	}
 	return Modfile
 }
@@ -66,7 +69,7 @@ func Binary(t testing.TB, pkg string) string {
 		if os.Getenv(retrydtest.RequireToolsEnv) == "1" {
 			t.Fatalf("kubetest: %v", err)
 		}
-		retrydtest.MissingTool(t, fmt.Sprintf("%s cannot be built from %s (%s)", pkg, modfileOf(pkg), lastLine(err)))
+		retrydtest.MissingTool(t, fmt.Sprintf("%s cannot be built from %s (%s)", pkg, moduleOf(pkg), lastLine(err)))
 	}
 	bins[pkg] = p
 	return p
@@ -131,13 +134,12 @@ func build(pkg string) (string, error) {
 		name = "etcd"
 	}
 	out := filepath.Join(dir, name)
-	args := []string{"build", "-o", out}
-	if modfileOf(pkg) == Modfile {
-		args = append(args, BuildFlags(version)...)
+	if pkg == CoreDNSPackage {
+		_, err = goOutput(filepath.Join(root, CoreDNSModule), "build", "-o", out, pkg)
 	} else {
-		args = append(args, "-modfile="+modfileOf(pkg))
+		_, err = goOutput(root, append(append([]string{"build", "-o", out}, BuildFlags(version)...), pkg)...)
 	}
-	if _, err := goOutput(root, append(args, pkg)...); err != nil {
+	if err != nil {
 		return "", err
 	}
 	return out, nil

@@ -38,52 +38,65 @@ import (
 var errConflict = errors.New("redis store: the state changed since it was read")
 
 // commitScript checks, then writes. KEYS are every key the commit checks
-// or writes; ARGV holds the number of checks, each check (kind, key index,
-// expected), then each write (argument count, command, key index or
-// channel, arguments). Kinds: v, the key's string value ("" when absent);
-// s, the SHA-1 of it; r, the value's last bytes, as many as expected has
-// (a session snapshot's revision, see checkLarge); h, a hash's fields and
-// values, sorted, NUL-separated; w, nothing at all: a session's awaiter
-// hash, which every writer of it changes the session's revision with
-// (awaiters.go), so the session's own check covers it, and which is read
-// only when the commit fails. It answers 1 once written, or {0, current}:
-// current holds every checked key's value (nil when absent, a hash as its
-// HGETALL), for the replica to decide again on (known.go).
+// or writes. ARGV[1] is the commit's plan, bytes the script reads with
+// string.byte (no Lua string is made of them): the number of checks (two
+// bytes), each check (its kind, one byte, and its key's index in KEYS, two
+// bytes), then each write (its form, one byte, its key's index, two bytes,
+// 0 for none, and for form G the number of its arguments, two bytes). The
+// rest of ARGV are the arguments, in the plan's order: a check's expected
+// value (none for kind w), a write's values. Check kinds: v, the key's
+// string value ("" when absent); s, the SHA-1 of it; r, the value's last
+// bytes, as many as expected has (a session snapshot's revision, see
+// checkLarge); h, a hash's fields and values, sorted, NUL-separated; w,
+// nothing at all: a session's awaiter hash, which every writer of it
+// changes the session's revision with (awaiters.go), so the session's own
+// check covers it, and which is read only when the commit fails. Write
+// forms: P, SET key value PX ms; S, SET key value; Z, ZADD key score
+// member; G, any command: its name, then its arguments, after the key when
+// it has one (PUBLISH's channel is not a key). It answers 1 once written,
+// or {0, current}: current holds every checked key's value (nil when
+// absent, a hash as its HGETALL), for the replica to decide again on
+// (known.go).
 //
-// Most of Redis' time in a commit is this script's own interpretation,
-// not the commands it calls, so the loops are written for Lua 5.1's
-// interpreter: ARGV is indexed directly (no closure call per argument),
-// and a write's arguments go to redis.call straight from ARGV by
-// unpack's range, without a table built for each write.
+// Every argument costs Redis work before the script runs: it is parsed,
+// made a Lua string (hashed whole), stored in ARGV and collected again
+// (BenchmarkCommitScriptCost). So a decision's usual writes take only
+// their values as arguments, the command names and options are the
+// script's own constants, and the plan that says which write and which
+// key is one argument for the whole commit: 5 arguments per decision
+// instead of 15.
 var commitScript = redis.NewScript(`
-local argv, keys, call = ARGV, KEYS, redis.call
-local ok, current, later = true, {}, {}
-local a = 2
-for i = 1, tonumber(argv[1]) do
-  local kind, key, want = argv[a], keys[tonumber(argv[a + 1])], argv[a + 2]
-  a = a + 3
-  local value, got
-  if kind == 'r' then
-    got = call('GETRANGE', key, -#want, -1)
-    value = false -- read whole only if the commit fails, below
-    later[i] = 'GET'
-  elseif kind == 'w' then
-    got, value = want, false
-    later[i] = 'HGETALL'
-  elseif kind == 'h' then
-    value = call('HGETALL', key)
-    local fields = {}
-    for j = 1, #value, 2 do
-      fields[#fields + 1] = value[j] .. '\0' .. value[j + 1]
-    end
-    table.sort(fields)
-    got = table.concat(fields, '\0')
-  else
-    value = call('GET', key)
-    if kind == 's' then
-      got = value and redis.sha1hex(value) or ''
+local argv, keys, call, byte, unpack = ARGV, KEYS, redis.call, string.byte, unpack
+local plan = argv[1]
+local n1, n2 = byte(plan, 1, 2)
+local n = n1 * 256 + n2
+local ok, current = true, {}
+local p, v = 3, 2
+for i = 1, n do
+  local kind, k1, k2 = byte(plan, p, p + 2)
+  local key = keys[k1 * 256 + k2]
+  p = p + 3
+  local value, got, want = false, '', ''
+  if kind ~= 119 then -- w: nothing to compare
+    want = argv[v]
+    v = v + 1
+    if kind == 114 then -- r
+      got = call('GETRANGE', key, -#want, -1)
+    elseif kind == 104 then -- h
+      value = call('HGETALL', key)
+      local fields = {}
+      for j = 1, #value, 2 do
+        fields[#fields + 1] = value[j] .. '\0' .. value[j + 1]
+      end
+      table.sort(fields)
+      got = table.concat(fields, '\0')
     else
-      got = value or ''
+      value = call('GET', key)
+      if kind == 115 then -- s
+        got = value and redis.sha1hex(value) or ''
+      else -- v
+        got = value or ''
+      end
     end
   end
   current[i] = value
@@ -92,31 +105,64 @@ for i = 1, tonumber(argv[1]) do
   end
 end
 if not ok then
-  for i, cmd in pairs(later) do
-    current[i] = call(cmd, keys[tonumber(argv[3 * i])])
+  -- The values checked by their last bytes or not at all are read whole
+  -- only now.
+  p = 3
+  for i = 1, n do
+    local kind, k1, k2 = byte(plan, p, p + 2)
+    p = p + 3
+    if kind == 114 then
+      current[i] = call('GET', keys[k1 * 256 + k2])
+    elseif kind == 119 then
+      current[i] = call('HGETALL', keys[k1 * 256 + k2])
+    end
   end
   return {0, current}
 end
-local n = #argv
-while a <= n do
-  local count, name, key = tonumber(argv[a]), argv[a + 1], argv[a + 2]
-  if name ~= 'PUBLISH' then
-    key = keys[tonumber(key)]
+local last = #plan
+while p <= last do
+  local form, k1, k2 = byte(plan, p, p + 2)
+  local key = keys[k1 * 256 + k2]
+  p = p + 3
+  if form == 80 then -- P
+    call('SET', key, argv[v], 'PX', argv[v + 1])
+    v = v + 2
+  elseif form == 90 then -- Z
+    call('ZADD', key, argv[v], argv[v + 1])
+    v = v + 2
+  elseif form == 83 then -- S
+    call('SET', key, argv[v])
+    v = v + 1
+  else -- G
+    local c1, c2 = byte(plan, p, p + 1)
+    local count = c1 * 256 + c2
+    p = p + 2
+    if key then
+      call(argv[v], key, unpack(argv, v + 1, v + count - 1))
+    else
+      call(unpack(argv, v, v + count - 1))
+    end
+    v = v + count
   end
-  call(name, key, unpack(argv, a + 3, a + 1 + count))
-  a = a + 2 + count
 end
 return 1
 `)
 
+// maxCommitKeys is the most keys one commit can name: the plan gives a
+// key's index in two bytes.
+const maxCommitKeys = 1<<16 - 1
+
 // commit collects a group commit's checks and writes. Its write methods
 // mirror the Redis commands of the same names.
 type commit struct {
-	keys   []string
-	index  map[string]int
-	checks []any
-	list   []check // the checks, in order
-	writes []any
+	keys  []string
+	index map[string]int
+	// checkPlan and writePlan are the checks' and the writes' parts of the
+	// script's plan (see commitScript), checks and writes their arguments.
+	checkPlan, writePlan []byte
+	checks               []any
+	list                 []check // the checks, in order
+	writes               []any
 	// after is each checked key's value once the writes ran: what the
 	// replica knows of it after a successful commit.
 	after map[string]*knownValue
@@ -144,20 +190,32 @@ func newCommit() *commit {
 }
 
 // key returns a key's index in KEYS (1-based, as Lua counts).
-func (c *commit) key(k string) string {
+func (c *commit) key(k string) int {
 	i, ok := c.index[k]
 	if !ok {
 		c.keys = append(c.keys, k)
 		i = len(c.keys)
 		c.index[k] = i
 	}
-	return strconv.Itoa(i)
+	return i
 }
+
+// check adds a check of kind on key k expecting want (nil: nothing).
+func (c *commit) check(kind byte, k string, want any) {
+	c.checkPlan = appendIndex(append(c.checkPlan, kind), c.key(k))
+	if want != nil {
+		c.checks = append(c.checks, want)
+	}
+	c.list = append(c.list, check{string(kind), k})
+}
+
+// appendIndex appends i, a key's index or a count, to a plan in two bytes;
+// run refuses a commit whose indexes do not fit.
+func appendIndex(plan []byte, i int) []byte { return append(plan, byte(i>>8), byte(i)) }
 
 // checkValue: the key still holds value ("" for absent).
 func (c *commit) checkValue(k, value string) {
-	c.checks = append(c.checks, "v", c.key(k), value)
-	c.list = append(c.list, check{"v", k})
+	c.check('v', k, value)
 	c.after[k] = &knownValue{raw: value}
 }
 
@@ -176,21 +234,18 @@ func (c *commit) checkLarge(k, value, revision string) {
 		revision = revisionSuffix(unsafe.Slice(unsafe.StringData(value), len(value)))
 	}
 	if revision != "" {
-		c.checks = append(c.checks, "r", c.key(k), revision)
-		c.list = append(c.list, check{"r", k})
+		c.check('r', k, revision)
 	} else {
 		// The value is hashed in place: a snapshot is kilobytes, and
 		// sha1.Sum neither keeps nor changes what it reads.
-		c.checks = append(c.checks, "s", c.key(k), sum(unsafe.Slice(unsafe.StringData(value), len(value)), value != ""))
-		c.list = append(c.list, check{"s", k})
+		c.check('s', k, sum(unsafe.Slice(unsafe.StringData(value), len(value)), value != ""))
 	}
 	c.after[k] = &knownValue{raw: value, revision: revision}
 }
 
 // checkHash: the hash still holds exactly these fields and values.
 func (c *commit) checkHash(k string, fields map[string]string) {
-	c.checks = append(c.checks, "h", c.key(k), canonicalHash(fields))
-	c.list = append(c.list, check{"h", k})
+	c.check('h', k, canonicalHash(fields))
 	c.after[k] = &knownValue{fields: maps.Clone(fields)}
 }
 
@@ -198,8 +253,7 @@ func (c *commit) checkHash(k string, fields map[string]string) {
 // is covered by the session's own check (kind w: nothing is compared; a
 // failed commit sends the hash back).
 func (c *commit) checkAwaiters(k string, fields map[string]string) {
-	c.checks = append(c.checks, "w", c.key(k), "")
-	c.list = append(c.list, check{"w", k})
+	c.check('w', k, nil)
 	c.after[k] = &knownValue{fields: maps.Clone(fields)}
 }
 
@@ -222,8 +276,15 @@ func canonicalHash(fields map[string]string) string {
 	return strings.Join(pairs, "\x00")
 }
 
+// write adds any command on key: form G of the plan.
 func (c *commit) write(name, key string, args ...any) {
-	c.writes = append(c.writes, len(args)+1, name, c.key(key))
+	c.writePlan = appendIndex(appendIndex(append(c.writePlan, 'G'), c.key(key)), len(args)+1)
+	c.writes = append(append(c.writes, name), args...)
+}
+
+// writeForm adds a write of one of the script's own forms (P, S, Z) on key.
+func (c *commit) writeForm(form byte, key string, args ...any) {
+	c.writePlan = appendIndex(append(c.writePlan, form), c.key(key))
 	c.writes = append(c.writes, args...)
 }
 
@@ -246,10 +307,10 @@ func (c *commit) Set(_ context.Context, key string, value any, ttl time.Duration
 		}
 	}
 	if ttl > 0 {
-		c.write("SET", key, value, "PX", ms(ttl))
+		c.writeForm('P', key, value, ms(ttl))
 		return
 	}
-	c.write("SET", key, value)
+	c.writeForm('S', key, value)
 }
 
 // setSnapshot is Set of a session key to a snapshot that ends with its
@@ -328,7 +389,7 @@ func (c *commit) XAdd(_ context.Context, stream string, trim []any, id, field st
 
 // ZAdd is ZADD key score member.
 func (c *commit) ZAdd(_ context.Context, key string, score float64, member string) {
-	c.write("ZADD", key, strconv.FormatFloat(score, 'f', -1, 64), member)
+	c.writeForm('Z', key, strconv.FormatFloat(score, 'f', -1, 64), member)
 }
 
 // ZRem is ZREM key member.
@@ -336,15 +397,22 @@ func (c *commit) ZRem(_ context.Context, key, member string) { c.write("ZREM", k
 
 // Publish is PUBLISH channel message (a channel is not a key).
 func (c *commit) Publish(_ context.Context, channel, message string) {
-	c.writes = append(c.writes, 2, "PUBLISH", channel, message)
+	c.writePlan = appendIndex(appendIndex(append(c.writePlan, 'G'), 0), 3)
+	c.writes = append(c.writes, "PUBLISH", channel, message)
 }
 
 // run runs the commit's script: nil once written; errConflict when a
 // check failed (nothing was written), with the checked keys' current
 // values, one per check; else the error.
 func (c *commit) run(ctx context.Context, rdb redis.Scripter) ([]any, error) {
+	if len(c.keys) > maxCommitKeys || len(c.list) > maxCommitKeys {
+		return nil, fmt.Errorf("redis store: a commit of %d keys and %d checks, more than its plan can name (%d)", len(c.keys), len(c.list), maxCommitKeys)
+	}
+	plan := make([]byte, 0, 2+len(c.checkPlan)+len(c.writePlan))
+	plan = append(appendIndex(plan, len(c.list)), c.checkPlan...)
+	plan = append(plan, c.writePlan...)
 	args := make([]any, 0, 1+len(c.checks)+len(c.writes))
-	args = append(args, len(c.list))
+	args = append(args, plan)
 	args = append(args, c.checks...)
 	args = append(args, c.writes...)
 	res, err := commitScript.Run(ctx, rdb, c.keys, args...).Result()

@@ -238,15 +238,8 @@ func transact(b *testing.B, conn *goredis.Conn, fence string, c *commit) {
 	ctx := context.Background()
 	cmds, err := conn.Pipelined(ctx, func(pipe goredis.Pipeliner) error {
 		pipe.Do(ctx, "MULTI")
-		for a := 0; a < len(c.writes); {
-			count := c.writes[a].(int)
-			args := append([]any{}, c.writes[a+1:a+2+count]...)
-			if args[0] != "PUBLISH" {
-				i, _ := strconv.Atoi(args[1].(string))
-				args[1] = c.keys[i-1]
-			}
-			pipe.Do(ctx, args...)
-			a += 2 + count
+		for _, w := range c.commands() {
+			pipe.Do(ctx, w...)
 		}
 		pipe.Do(ctx, "EXEC")
 		pipe.Do(ctx, "WATCH", fence)
@@ -258,6 +251,41 @@ func transact(b *testing.B, conn *goredis.Conn, fence string, c *commit) {
 	if res, _ := cmds[len(cmds)-2].(*goredis.Cmd).Result(); res == nil {
 		b.Fatal("EXEC wrote nothing: the fencing key changed")
 	}
+}
+
+// commands returns c's writes as the commands the script runs for them.
+func (c *commit) commands() [][]any {
+	var cmds [][]any
+	plan, args := c.writePlan, c.writes
+	take := func(n int) []any {
+		taken := args[:n]
+		args = args[n:]
+		return taken
+	}
+	for len(plan) > 0 {
+		form, i := plan[0], int(plan[1])<<8|int(plan[2])
+		plan = plan[3:]
+		var key []any
+		if i > 0 {
+			key = []any{c.keys[i-1]}
+		}
+		var cmd []any
+		switch form {
+		case 'P':
+			v := take(2)
+			cmd = append(append([]any{"SET"}, key...), v[0], "PX", v[1])
+		case 'S':
+			cmd = append(append([]any{"SET"}, key...), take(1)...)
+		case 'Z':
+			cmd = append(append([]any{"ZADD"}, key...), take(2)...)
+		default:
+			v := take(int(plan[0])<<8 | int(plan[1]))
+			plan = plan[2:]
+			cmd = append(append(append([]any{}, v[0]), key...), v[1:]...)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return cmds
 }
 
 // redisCPUSeconds is redis-server's CPU time so far (INFO cpu).

@@ -27,17 +27,19 @@ import (
 //   - snapshot: bytes of each decision's snapshot (through ARGV, Lua and SET);
 //   - calls: extra redis.call per decision (PEXPIRE of its session key);
 //   - keys: extra KEYS per script, which the script never touches;
-//   - checks: extra checks per decision that call nothing (kind w, three
-//     ARGV entries and one turn of the script's loop each).
+//   - checks: extra checks per decision that call nothing (kind w: a KEYS
+//     entry and one turn of the script's loop each);
+//   - transaction: the same writes as MULTI … EXEC under WATCH, no script;
+//   - ratelimit: envoyproxy/ratelimit's INCRBY and EXPIRE per decision.
 //
 // One client runs the scripts one after another against a redis-server of
 // its own, so Redis' counters hold nothing else. Per script it reports
-// redis-server's CPU time (INFO cpu: utime+stime), EVALSHA's time in INFO
-// commandstats (Redis' clock, the commands it calls included) and the
-// time of those commands (their own commandstats): EVALSHA's time minus
-// theirs is the script's own overhead. Run it with
+// redis-server's CPU time (INFO cpu: utime+stime), the script's median
+// time inside Redis (INFO latencystats, the commands it calls included)
+// and the mean time of those commands (INFO commandstats): the first
+// minus the second is the script's own work. Run it with
 //
-//	go test -run '^$' -bench CommitScriptCost -benchtime 4000x ./store/redis/
+//	go test -run '^$' -bench CommitScriptCost -benchtime 3000x -count 5 ./store/redis/
 func BenchmarkCommitScriptCost(b *testing.B) {
 	base := scriptShape{group: 11, snapshot: 1350}
 	shapes := []struct {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -85,6 +86,10 @@ func PinnedTool(modfile, tool string) (string, error) {
 	return path, nil
 }
 
+// binDirPrefix names the temporary directories Binary builds into, with
+// the building process's PID after it (see sweepBinaries).
+const binDirPrefix = "retrydtest-bin-"
+
 // Binary builds cmd/retryd once per test process and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
@@ -94,7 +99,8 @@ func Binary(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		dir, err := os.MkdirTemp("", "retrydtest-")
+		sweepBinaries()
+		dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", binDirPrefix, os.Getpid()))
 		if err != nil {
 			buildErr = err
 			return
@@ -114,6 +120,25 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
+}
+
+// sweepBinaries removes the binaries of test processes that have ended.
+// A test process runs its binary until it exits, and Go runs no code at a
+// test process's exit that could remove it then, so each build leaves one
+// behind (tens of megabytes with -race); the next build removes those
+// whose process is gone.
+func sweepBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), binDirPrefix+"*"))
+	for _, dir := range dirs {
+		pid, _, ok := strings.Cut(strings.TrimPrefix(filepath.Base(dir), binDirPrefix), "-")
+		n, err := strconv.Atoi(pid)
+		if !ok || err != nil || n == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(n, 0); errors.Is(err, syscall.ESRCH) {
+			os.RemoveAll(dir)
+		}
+	}
 }
 
 // Server is a running retryd process.

@@ -252,20 +252,15 @@ var errPathDead = errors.New("redis store: the commit's answer is late and Redis
 //
 // The commit's wire deadline is not its callers' bound. A commit whose
 // answer is later than unavailable_after keeps waiting for it on its
-// connection as long as Redis, probed on the side with a PING each
-// unavailable_after, answers; it is given up at the first probe that gets
-// no answer within twice that bound (errPathDead): a PING that finds no
-// idle connection dials one, three round trips with HELLO, which on a
-// slow path and a loaded machine may take most of one bound, and a probe
-// that fails on a path that answers gives up a commit whose connection
-// still carries it, so the next group goes out on a new, cold one. It is
-// given up at the latest at ctx's end
+// connection as long as Redis, probed on the side with a PING of that
+// bound each unavailable_after, answers; it is given up at the first
+// probe that fails (errPathDead), and at the latest at ctx's end
 // (commitTimeout, or go-redis' read timeout, 5 s unless the URL sets
 // read_timeout). A slow path thus keeps the connection, which a cut
 // would close (go-redis closes a connection on a deadline mid-read): the
 // commit's answer arrives, the replica knows what Redis holds, and the
 // partition's next group goes out on a warm connection in one round trip.
-// A dead path (a blackhole) gives the commit up within three bounds: the
+// A dead path (a blackhole) gives the commit up within two bounds: the
 // partition is not stalled behind a request that TCP retransmits with a
 // growing backoff, and after the heal the next group goes out at once on
 // a connection that answers.
@@ -273,8 +268,7 @@ var errPathDead = errors.New("redis store: the commit's answer is late and Redis
 // A commit given up may still run in Redis (its request may be on its
 // way): what the replica knew of the checked keys is forgotten, and the
 // next commit, checking them as unknown, learns them (known.go). The
-// goroutine waiting for its answer ends at its read's deadline (go-redis
-// sets it when the read starts: the read timeout or ctx's deadline).
+// goroutine waiting for its answer ends at ctx's deadline.
 func (s *Store) send(ctx context.Context, p int, c *commit) ([]any, error) {
 	type answer struct {
 		current []any
@@ -297,7 +291,7 @@ func (s *Store) send(ctx context.Context, p int, c *commit) ([]any, error) {
 			return a.current, a.err
 		case <-late.C:
 			go func() {
-				bctx, cancel := context.WithTimeout(pctx, 2*bound)
+				bctx, cancel := s.bounded(pctx)
 				defer cancel()
 				probed <- s.probe(bctx, p)
 			}()

@@ -66,9 +66,11 @@ type Store interface {
 // shutting down.
 var ErrShutdown = errors.New("retryd is shutting down")
 
-// ErrUnavailable is wrapped by stores that could not make a change durable:
-// the change was not made, and the caller may try again.
-var ErrUnavailable = errors.New("retryd's store is unavailable; nothing was recorded, try again")
+// ErrUnavailable is wrapped by stores that could not make a change durable
+// in time: the change was not made, or a store whose server answered past
+// the bound made it after all, so the caller may try again and every call
+// is safe to repeat.
+var ErrUnavailable = errors.New("retryd's store is unavailable; try again, every call is safe to repeat")
 
 // Service implements retrydv1.RetryServiceServer.
 type Service struct {

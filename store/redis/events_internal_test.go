@@ -32,7 +32,7 @@ func TestGroupEventsOneEntry(t *testing.T) {
 		group := make([]*request, len(sessions))
 		for i, id := range sessions {
 			var out engine.FailOutcome
-			group[i] = &request{id: id, fn: decide(failureOf(pol, id, 1, 1), &out)}
+			group[i] = &request{id: id, fn: decide(failureOf(pol, id, 1, 1), &out), bound: time.Now().Add(time.Minute)}
 		}
 		for i, err := range s.commitGroup(0, group) {
 			if err != nil {

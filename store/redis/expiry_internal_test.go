@@ -59,8 +59,8 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 
 	var second engine.FailOutcome
 	group := []*request{
-		{id: "s", fn: s.woken, done: make(chan error, 1)},
-		{id: "s", fn: decide(failure(2), &second), done: make(chan error, 1)},
+		{id: "s", fn: s.woken, done: make(chan error, 1), bound: time.Now().Add(time.Minute)},
+		{id: "s", fn: decide(failure(2), &second), done: make(chan error, 1), bound: time.Now().Add(time.Minute)},
 	}
 	for i, err := range s.commitGroup(s.keys.partition("s"), group) {
 		if err != nil {

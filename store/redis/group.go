@@ -112,8 +112,10 @@ type request struct {
 //
 // A call ends within the store URL's bound (unavailable_after) from when
 // it queued, whatever it queued behind: still queued then, it leaves the
-// queue and fails UNAVAILABLE; in a group, the group's first attempt ends
-// at the bound of its earliest caller (see commitGroup).
+// queue and fails UNAVAILABLE; in a group whose commit is in flight, it
+// fails UNAVAILABLE too, while the commit goes on (see send). The leader
+// commits in a goroutine of its own, so that its caller, too, is answered
+// at its bound.
 //
 // One group of a partition is in flight at a time, holding every caller
 // queued meanwhile (up to maxGroup), so over a slow path a replica commits
@@ -121,8 +123,10 @@ type request struct {
 // need a connection of their own (go-redis sends one command at a time on
 // a connection), and over a long round trip a connection that is new or
 // was idle sends a group's few tens of kilobytes in several round trips
-// (TCP slow start): such commits miss the bound, and their connections,
-// closed on the timeout, are replaced by new ones.
+// (TCP slow start). What keeps a slow path at a group per round trip is
+// that a commit is not cut at its callers' bound: a commit cut mid-read
+// closes its connection, and the next group, on a cold one, missed its
+// bound too, and so on, down to a few decisions a second at 200 ms.
 func (s *Store) update(ctx context.Context, id string, fn func(*txn) error) error {
 	return s.updateWithFleet(ctx, id, "", fn)
 }
@@ -153,13 +157,16 @@ func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn fun
 		case err := <-req.done:
 			return err
 		case <-req.lead:
-			s.lead(p)
+			go s.lead(p)
 		case <-expired.C:
 			if q.withdraw(req) {
 				return fmt.Errorf("redis store: queued behind a commit: no commit within %s=%v: %w",
 					unavailableAfterParam, bound, service.ErrUnavailable)
 			}
-			// In a group already, which ends within the bound.
+			// In a group in flight: its commit goes on, and may still be
+			// recorded (see send).
+			return fmt.Errorf("redis store: committing: no answer within %s=%v: %w",
+				unavailableAfterParam, bound, service.ErrUnavailable)
 		}
 	}
 }
@@ -212,37 +219,46 @@ func (s *Store) lead(p int) {
 
 // commitGroup runs a group of partition p's transitions in one optimistic
 // commit (apply, commit.go), again on fresh state while another replica
-// changed what it read, and returns each one's outcome.
+// changed what it read, and returns each one's outcome. Its callers may
+// have been answered already (see updateWithFleet): the outcome then only
+// tells this replica what Redis holds.
+//
+// Nothing of the group is sent after its earliest caller's bound, when
+// that caller is answered UNAVAILABLE: a call answered while its commit
+// was still unsent must not be recorded later, when a Redis that was away
+// comes back. The commit's context is cancelled at that bound, which ends
+// whatever has not reached the wire yet (a wait for a pooled connection,
+// a dial, a new connection's handshake, a retry of go-redis, a read of
+// the next attempt), while a request already written keeps reading its
+// answer: go-redis sets a read's deadline from the context's deadline
+// (commitTimeout) when the read starts, and does not watch its Done.
 func (s *Store) commitGroup(p int, group []*request) []error {
-	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
+	wire, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
-	errs := make([]error, len(group))
-	first := time.Time{} // the earliest caller's bound
-	for _, r := range group {
-		if first.IsZero() || r.bound.Before(first) {
+	first := group[0].bound
+	for _, r := range group[1:] {
+		if r.bound.Before(first) {
 			first = r.bound
 		}
 	}
+	ctx, stopSending := context.WithCancel(wire)
+	defer stopSending()
+	unsent := time.AfterFunc(time.Until(first), stopSending)
+	defer unsent.Stop()
+	errs := make([]error, len(group))
 	for attempt := range maxAttempts {
-		// Each attempt gets the fail-fast bound: a Redis that does not
-		// answer fails the group UNAVAILABLE within it, while a commit
-		// that lost a race to another replica may try again. The first
-		// attempt ends at the earliest caller's bound, so that a call
-		// that queued behind a group waiting on a dead path still ends
-		// within its bound, not twice it.
-		actx, cancelAttempt := s.bounded(ctx)
-		if attempt == 0 && !first.IsZero() {
-			cancelAttempt()
-			actx, cancelAttempt = context.WithDeadline(ctx, first)
-		}
-		err := s.apply(actx, p, group, errs)
-		cancelAttempt()
+		err := s.apply(ctx, p, group, errs)
 		switch {
 		case err == nil:
 			return errs
 		case !errors.Is(err, errConflict):
-			if !errors.Is(err, service.ErrUnavailable) {
-				err = s.unavailableWithin(ctx, "committing", err)
+			switch {
+			case errors.Is(err, service.ErrUnavailable):
+			case ctx.Err() != nil && wire.Err() == nil:
+				err = fmt.Errorf("redis store: committing: given up at the bound of the group's first call (%s=%v): %v: %w",
+					unavailableAfterParam, s.target.own.unavailableAfter, err, service.ErrUnavailable)
+			default:
+				err = s.unavailableWithin(wire, "committing", err)
 			}
 			for i := range errs {
 				errs[i] = err
@@ -255,6 +271,87 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 		errs[i] = fmt.Errorf("redis store: %d transactions lost to concurrent writers: %w", maxAttempts, service.ErrUnavailable)
 	}
 	return errs
+}
+
+// errPathDead is a commit given up because Redis, probed on the side
+// while the commit's answer was late, did not answer the probe in time.
+var errPathDead = errors.New("redis store: the commit's answer is late and Redis does not answer a PING")
+
+// send runs a commit's script and returns its answer (as commit.run).
+//
+// The commit's wire deadline is not its callers' bound. A commit whose
+// answer is later than unavailable_after keeps waiting for it on its
+// connection as long as Redis, probed on the side with a PING each
+// unavailable_after, answers; it is given up at the first probe that gets
+// no answer within twice that bound (errPathDead): a PING that finds no
+// idle connection dials one, three round trips with HELLO, which on a
+// slow path and a loaded machine may take most of one bound, and a probe
+// that fails on a path that answers gives up a commit whose connection
+// still carries it, so the next group goes out on a new, cold one. It is
+// given up at the latest at ctx's deadline
+// (commitTimeout, or go-redis' read timeout, 5 s unless the URL sets
+// read_timeout). A slow path thus keeps the connection, which a cut
+// would close (go-redis closes a connection on a deadline mid-read): the
+// commit's answer arrives, the replica knows what Redis holds, and the
+// partition's next group goes out on a warm connection in one round trip.
+// A dead path (a blackhole) gives the commit up within three bounds: the
+// partition is not stalled behind a request that TCP retransmits with a
+// growing backoff, and after the heal the next group goes out at once on
+// a connection that answers.
+//
+// A commit given up may still run in Redis (its request may be on its
+// way): what the replica knew of the checked keys is forgotten, and the
+// next commit, checking them as unknown, learns them (known.go). The
+// goroutine waiting for its answer ends at its read's deadline (go-redis
+// sets it when the read starts: the read timeout or ctx's deadline).
+func (s *Store) send(ctx context.Context, p int, c *commit) ([]any, error) {
+	type answer struct {
+		current []any
+		err     error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		current, err := c.run(ctx, s.rdb)
+		answered <- answer{current, err}
+	}()
+	bound := s.target.own.unavailableAfter
+	late := time.NewTimer(bound)
+	defer late.Stop()
+	// The probes outlive ctx's cancellation at the callers' bound, as the
+	// commit's read does; they end with send.
+	pctx, stopProbes := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopProbes()
+	probed := make(chan error, 1)
+	for {
+		select {
+		case a := <-answered:
+			return a.current, a.err
+		case <-late.C:
+			go func() {
+				bctx, cancel := context.WithTimeout(pctx, 2*bound)
+				defer cancel()
+				probed <- s.probe(bctx, p)
+			}()
+		case err := <-probed:
+			if err != nil {
+				return nil, fmt.Errorf("%w: %w", errPathDead, err)
+			}
+			late.Reset(bound)
+		}
+	}
+}
+
+// probe PINGs the Redis that holds partition p's keys (with a Cluster
+// URL, the master of its slot).
+func (s *Store) probe(ctx context.Context, p int) error {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, s.keys.countersKey(p))
+		if err != nil {
+			return err
+		}
+		return node.Ping(ctx).Err()
+	}
+	return s.rdb.Ping(ctx).Err()
 }
 
 // loaded is one session as a transaction reads it.
@@ -355,7 +452,10 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 		}
 	}
 	if s.contended(p) {
-		if err := s.refresh(ctx, p, ids, fleetKeys); err != nil {
+		rctx, cancel := s.bounded(ctx)
+		err := s.refresh(rctx, p, ids, fleetKeys)
+		cancel()
+		if err != nil {
 			return err
 		}
 	}
@@ -408,7 +508,7 @@ func (s *Store) apply(ctx context.Context, p int, group []*request, errs []error
 			c.keep(s.keys.sessionKey(t.id), t.keptSession)
 		}
 	}
-	switch current, err := c.run(ctx, s.rdb); {
+	switch current, err := s.send(ctx, p, c); {
 	case err == nil:
 		for _, t := range txns {
 			if t.sess != nil {

@@ -131,3 +131,59 @@ func chainsOf(t *testing.T, s *redis.Store, session string) int {
 	}
 	return len(chains.GetChains())
 }
+
+// TestUnansweredCommitIsNotSentLate: a call answered UNAVAILABLE while
+// Redis refuses connections is not recorded when Redis comes back right
+// after the answer. The group commit outlives its callers' bound only to
+// read the answer to a request already sent; a dial, go-redis' retries of
+// it and anything else not yet on the wire end at that bound.
+func TestUnansweredCommitIsNotSentLate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: restarts Redis and waits out go-redis' dial retries")
+	}
+	t.Parallel()
+	srv := redistest.StartWith(t, redistest.Options{AppendOnly: true, AppendFsync: "always"})
+	const bound = 300 * time.Millisecond
+	s, err := redis.Open(context.Background(), redis.Config{
+		URL: srv.URL(0) + "?appendfsync=always&unavailable_after=" + bound.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	var away []string
+	for round := range 3 {
+		// A decision first, so the pool holds connections the kill breaks.
+		if _, err := s.FailedStep(ctx, failure(fmt.Sprintf("up-%d", round))); err != nil {
+			t.Fatalf("FailedStep while Redis is up: %v", err)
+		}
+		if err := srv.Kill(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		session := fmt.Sprintf("away-%d", round)
+		start := time.Now()
+		_, err := s.FailedStep(ctx, failure(session))
+		took := time.Since(start)
+		if !errors.Is(err, service.ErrUnavailable) {
+			t.Fatalf("FailedStep while Redis is away: %v after %v, want ErrUnavailable", err, took)
+		}
+		if took > 2*bound {
+			t.Errorf("FailedStep while Redis is away answered after %v, bound %v", took, bound)
+		}
+		away = append(away, session)
+		srv.Restart(t)
+	}
+	// go-redis retries a refused dial, and retries the command that needed
+	// it, for longer than this (see TestOutageAnswersUnavailable's
+	// agentDeadline); a commit that went on doing so would be recorded by
+	// now.
+	time.Sleep(3 * time.Second)
+	for _, session := range away {
+		if n := chainsOf(t, s, session); n > 0 {
+			t.Errorf("%s, answered UNAVAILABLE while Redis was away, has %d chains once Redis is back", session, n)
+		}
+	}
+	if _, err := s.FailedStep(ctx, failure("after")); err != nil {
+		t.Errorf("FailedStep once Redis is back: %v", err)
+	}
+}

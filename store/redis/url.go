@@ -199,7 +199,23 @@ func (t *target) String() string {
 
 // client returns the target's client; onConnect, when not nil, runs on
 // every new connection (to the Sentinels as well, in a Sentinel URL).
+//
+// A new connection is not handed to a command whose context ended while
+// the connection was made: go-redis checks a command's context before it
+// waits for a connection, and a dial honours it, but the handshake that
+// follows a dial (HELLO, onConnect) does not, and the command would then
+// be sent after its context ended. A group commit relies on this: nothing
+// of it is sent once its context is cancelled (see commitGroup).
 func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redis.UniversalClient {
+	connected := onConnect
+	onConnect = func(ctx context.Context, cn *redis.Conn) error {
+		if connected != nil {
+			if err := connected(ctx, cn); err != nil {
+				return err
+			}
+		}
+		return ctx.Err()
+	}
 	switch {
 	case t.standalone != nil:
 		t.standalone.OnConnect = onConnect

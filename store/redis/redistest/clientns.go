@@ -35,7 +35,8 @@ func StartClientNet(t testing.TB, paths int) *ClientNet {
 	}
 	retrydtest.NeedProgram(t, "ip", "apt-get install -y iproute2")
 	n := netSeq.Add(1)
-	subnet := (os.Getpid()*7 + int(n)) % 250
+	subnet, release := claimSubnet(t, n, "10.249")
+	defer release()
 	c := &ClientNet{ns: fmt.Sprintf("retrydtest-c%d-%d", os.Getpid(), n)}
 	if out, err := exec.Command("ip", "netns", "add", c.ns).CombinedOutput(); err != nil {
 		t.Skipf("ip netns add does not work here (%v: %s); skipping the network fault tests", err, strings.TrimSpace(string(out)))
@@ -62,6 +63,10 @@ func StartClientNet(t testing.TB, paths int) *ClientNet {
 		run("netns", "exec", c.ns, "ip", "addr", "add", fmt.Sprintf("10.249.%d.%d/30", subnet, 4*i+2), "dev", p.inner)
 		run("netns", "exec", c.ns, "ip", "link", "set", p.inner, "up")
 		c.paths = append(c.paths, p)
+	}
+	release()
+	for i, p := range c.paths {
+		checkRoute(t, fmt.Sprintf("10.249.%d.%d", subnet, 4*i+2), p.host)
 	}
 	return c
 }

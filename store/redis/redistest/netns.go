@@ -53,9 +53,10 @@ func StartInNamespace(t testing.TB, paths int) *NetServer {
 	retrydtest.NeedProgram(t, "ip", "apt-get install -y iproute2")
 	retrydtest.NeedProgram(t, "iptables", "apt-get install -y iptables")
 	n := netSeq.Add(1)
-	// One subnet octet per namespace, from the PID and the sequence, so
-	// that test processes running at once use different subnets.
-	subnet := (os.Getpid()*7 + int(n)) % 250
+	// A subnet no other namespace uses (see claimSubnet), held until the
+	// paths' addresses are added.
+	subnet, release := claimSubnet(t, n, "10.250")
+	defer release()
 	s := &NetServer{ns: fmt.Sprintf("retrydtest-%d-%d", os.Getpid(), n)}
 	if out, err := exec.Command("ip", "netns", "add", s.ns).CombinedOutput(); err != nil {
 		t.Skipf("ip netns add does not work here (%v: %s); skipping the network fault tests", err, strings.TrimSpace(string(out)))
@@ -83,6 +84,10 @@ func StartInNamespace(t testing.TB, paths int) *NetServer {
 		s.ip(t, "addr", "add", p.addr+"/30", "dev", p.inner)
 		s.ip(t, "link", "set", p.inner, "up")
 		s.paths = append(s.paths, p)
+	}
+	release()
+	for _, p := range s.paths {
+		checkRoute(t, p.addr, p.host)
 	}
 	var binds []string
 	for _, p := range s.paths {

@@ -2,11 +2,18 @@ package redistest
 
 import (
 	"bufio"
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestRunReportsExit: a redis-server that cannot bind its port (here one
@@ -85,5 +92,61 @@ func TestDelayAndLoss(t *testing.T) {
 	s.Lose(t, 0, 0)
 	if err := ping(s.Addr(0)); err != nil {
 		t.Errorf("PING after the loss ended: %v", err)
+	}
+}
+
+// TestSubnetTakenElsewhere: another test process's namespace (built here
+// by hand: one path, a redis-server behind it, as a benchmark's server)
+// already holds the subnet this process would choose first for its next
+// server, as two processes' PIDs can make them choose alike. Every path
+// of the new server still reaches that server, not the other process's:
+// a key written over path 1 is read over path 0.
+func TestSubnetTakenElsewhere(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow: builds network namespaces")
+	}
+	Skip(t)
+	if os.Geteuid() != 0 {
+		t.Skip("not root: building network namespaces needs root")
+	}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	subnet := (os.Getpid()*7 + int(netSeq.Load()+1)) % 250 // the first choice (claimSubnet)
+	ns := fmt.Sprintf("retrydtest-o%d", os.Getpid())
+	host, inner := fmt.Sprintf("ro%dh", os.Getpid()%100000), fmt.Sprintf("ro%di", os.Getpid()%100000)
+	run("netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "delete", ns).Run() })
+	run("link", "add", host, "type", "veth", "peer", "name", inner)
+	t.Cleanup(func() { exec.Command("ip", "link", "delete", host).Run() })
+	run("link", "set", inner, "netns", ns)
+	run("addr", "add", fmt.Sprintf("10.250.%d.1/30", subnet), "dev", host)
+	run("link", "set", host, "up")
+	run("-n", ns, "addr", "add", fmt.Sprintf("10.250.%d.2/30", subnet), "dev", inner)
+	run("-n", ns, "link", "set", inner, "up")
+	other, err := runAt(ns, fmt.Sprintf("10.250.%d.2", subnet), redisPort,
+		[]string{"--save", "", "--appendonly", "no", "--protected-mode", "no"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(other.stop)
+
+	s := StartInNamespace(t, 2)
+	ctx := context.Background()
+	over := func(i int) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr(i), MaxRetries: -1, DialTimeout: 2 * time.Second,
+			ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	if err := over(1).Set(ctx, "written", "over path 1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := over(0).Get(ctx, "written").Result()
+	if err != nil || got != "over path 1" {
+		t.Errorf("read over path 0: %q %v, want what was written over path 1: the path reaches another server", got, err)
 	}
 }

@@ -78,9 +78,13 @@ func startStoreNet(t testing.TB, replicas int) *StoreNet {
 		t.Fatalf("redistest: %d replicas, at most %d", replicas, adminPath)
 	}
 	n := netSeq.Add(1)
+	// The test's namespace holds the admin path's end (10.248) and the
+	// client paths' (10.247).
+	subnet, release := claimSubnet(t, n, "10.248", "10.247")
+	defer release()
 	sn := &StoreNet{
 		name:   fmt.Sprintf("%d-%d", os.Getpid()%100000, n%100),
-		subnet: (os.Getpid()*7 + int(n)) % 250,
+		subnet: subnet,
 	}
 	sn.ns = "retrydtest-s" + sn.name
 	sn.Service = fmt.Sprintf("10.248.%d.254", sn.subnet)
@@ -95,6 +99,7 @@ func startStoreNet(t testing.TB, replicas int) *StoreNet {
 	// over it, to start, watch and read Redis.
 	admin := sn.veth(t, "a", "", sn.ns, "10.248", adminPath)
 	ip(t, "route", "add", sn.Service+"/32", "via", admin.addr)
+	checkRoute(t, sn.Service, admin.host)
 
 	for i := range replicas {
 		r := replicaNet{ns: fmt.Sprintf("retrydtest-r%s-%d", sn.name, i)}
@@ -106,9 +111,11 @@ func startStoreNet(t testing.TB, replicas int) *StoreNet {
 		r.store = sn.veth(t, fmt.Sprintf("s%d", i), r.ns, sn.ns, "10.248", i)
 		ip(t, "-n", r.ns, "route", "add", sn.Service+"/32", "via", r.store.addr)
 		client := sn.veth(t, fmt.Sprintf("c%d", i), "", r.ns, "10.247", i)
+		checkRoute(t, client.addr, client.host)
 		r.listen = client.addr
 		sn.replicas = append(sn.replicas, r)
 	}
+	release()
 	return sn
 }
 

@@ -81,9 +81,10 @@ type ownParams struct {
 	migrate int
 	// unavailableAfter is the bound of unavailable_after (see failFast).
 	unavailableAfter time.Duration
-	// dialTimeout and poolTimeout say whether the URL set the Redis
-	// client's own dial_timeout and pool_timeout, which then stay as given.
-	dialTimeout, poolTimeout bool
+	// dialTimeout, poolTimeout and minIdleConns say whether the URL set
+	// the Redis client's own dial_timeout, pool_timeout and
+	// min_idle_conns, which then stay as given.
+	dialTimeout, poolTimeout, minIdleConns bool
 }
 
 // storeURL removes retryd's own query parameters from a store URL (the
@@ -97,7 +98,7 @@ func storeURL(raw string) (redisURL string, own ownParams, err error) {
 		return "", own, errors.New("redis store: the store URL is not a valid redis://host:port/db URL")
 	}
 	q := u.Query()
-	own.dialTimeout, own.poolTimeout = q.Has("dial_timeout"), q.Has("pool_timeout")
+	own.dialTimeout, own.poolTimeout, own.minIdleConns = q.Has("dial_timeout"), q.Has("pool_timeout"), q.Has("min_idle_conns")
 	if !q.Has(appendFsyncParam) && !q.Has(partitionsParam) && !q.Has(unavailableAfterParam) && !q.Has(migrateParam) {
 		return raw, own, nil
 	}

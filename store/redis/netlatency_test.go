@@ -40,22 +40,25 @@ func BenchmarkPathLatency(b *testing.B) {
 		rtt     time.Duration
 		loss    float64
 		workers int
-		// bound is the store URL's unavailable_after; zero is its default.
-		bound time.Duration
+		// query is the store URL's query: its bound (unavailable_after,
+		// 1 s when not set) or its layout (partitions).
+		query string
 	}{
-		{"rtt=0", 0, 0, 32, 0},
-		{"rtt=50ms", 50 * time.Millisecond, 0, 32, 0},
-		{"rtt=200ms", 200 * time.Millisecond, 0, 32, 0},
-		{"rtt=200ms/bound=3s", 200 * time.Millisecond, 0, 32, 3 * time.Second},
-		{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128, 0},
-		{"rtt=200ms/agents=128/bound=3s", 200 * time.Millisecond, 0, 128, 3 * time.Second},
-		{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32, 0},
+		{"rtt=0", 0, 0, 32, ""},
+		{"rtt=50ms", 50 * time.Millisecond, 0, 32, ""},
+		{"rtt=200ms", 200 * time.Millisecond, 0, 32, ""},
+		{"rtt=200ms/bound=3s", 200 * time.Millisecond, 0, 32, "unavailable_after=3s"},
+		{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128, ""},
+		{"rtt=200ms/agents=128/bound=3s", 200 * time.Millisecond, 0, 128, "unavailable_after=3s"},
+		{"rtt=200ms/agents=128/partitions=16", 200 * time.Millisecond, 0, 128, "partitions=16"},
+		{"rtt=200ms/agents=128/partitions=16/min_idle_conns=16", 200 * time.Millisecond, 0, 128, "partitions=16&min_idle_conns=16"},
+		{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32, ""},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			srv := redistest.StartInNamespace(b, 1)
 			url := srv.URL(0, 0)
-			if c.bound > 0 {
-				url += "?unavailable_after=" + c.bound.String()
+			if c.query != "" {
+				url += "?" + c.query
 			}
 			s := retrydtest.Start(b, "--store", url)
 			if c.rtt > 0 {
@@ -295,7 +298,8 @@ func connectionsReceived(t *testing.T, rdb *goredis.Client) int {
 // Cluster URL (three masters behind it), with the store URL's default
 // bound: one retryd process in a namespace of its own, its store path
 // slowed by rtt (half each way, ± an eighth of it) and losing loss of
-// the packets each way. Run it as root with
+// the packets each way, and over a partitioned layout where the case
+// names one. Run it as root with
 //
 //	go test -run '^$' -bench PathLatencyHA -benchtime 600x ./store/redis/
 func BenchmarkPathLatencyHA(b *testing.B) {
@@ -308,14 +312,22 @@ func BenchmarkPathLatencyHA(b *testing.B) {
 			rtt     time.Duration
 			loss    float64
 			workers int
+			// partitions, when not 0, is the store URL's layout (a
+			// Cluster URL's is 16 partitions unless it names one).
+			partitions int
 		}{
-			{"rtt=200ms", 200 * time.Millisecond, 0, 32},
-			{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128},
-			{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32},
+			{"rtt=200ms", 200 * time.Millisecond, 0, 32, 0},
+			{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128, 0},
+			{"rtt=200ms/agents=128/partitions=16", 200 * time.Millisecond, 0, 128, 16},
+			{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32, 0},
 		} {
 			b.Run(kind.name+"/"+c.name, func(b *testing.B) {
 				sn := kind.start(b, 1)
-				s := retrydtest.StartInNetns(b, sn.Namespace(0), "--store", sn.URL, "--listen", sn.Listen(0))
+				url := sn.URL
+				if c.partitions > 0 {
+					url += fmt.Sprintf("&partitions=%d", c.partitions)
+				}
+				s := retrydtest.StartInNetns(b, sn.Namespace(0), "--store", url, "--listen", sn.Listen(0))
 				sn.Delay(b, 0, c.rtt/2, c.rtt/8)
 				if c.loss > 0 {
 					sn.Lose(b, 0, c.loss)

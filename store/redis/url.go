@@ -1,11 +1,13 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -220,10 +222,12 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 	case t.standalone != nil:
 		t.standalone.OnConnect = onConnect
 		t.failFast(&t.standalone.ContextTimeoutEnabled, &t.standalone.DialTimeout, &t.standalone.PoolTimeout)
+		t.warm(&t.standalone.MinIdleConns, t.standalone.PoolSize)
 		return redis.NewClient(t.standalone)
 	case t.cluster != nil:
 		t.cluster.OnConnect = onConnect
 		t.failFast(&t.cluster.ContextTimeoutEnabled, &t.cluster.DialTimeout, &t.cluster.PoolTimeout)
+		t.warm(&t.cluster.MinIdleConns, t.cluster.PoolSize)
 		if t.cluster.ClusterStateReloadInterval == 0 {
 			// go-redis rereads the slot map on MOVED, or after a minute:
 			// after a failover, the commands for the dead master's slots
@@ -234,6 +238,7 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 	}
 	t.sentinel.OnConnect = onConnect
 	t.failFast(&t.sentinel.ContextTimeoutEnabled, &t.sentinel.DialTimeout, &t.sentinel.PoolTimeout)
+	t.warm(&t.sentinel.MinIdleConns, t.sentinel.PoolSize)
 	return redis.NewFailoverClient(t.sentinel)
 }
 
@@ -253,6 +258,23 @@ func (t *target) failFast(contextTimeout *bool, dial, pool *time.Duration) {
 	if !t.own.poolTimeout {
 		*pool = t.own.unavailableAfter
 	}
+}
+
+// warm keeps a connection per partition open (go-redis' MinIdleConns, up
+// to the pool's size), unless the URL set min_idle_conns itself: every
+// partition has a group commit in flight of its own, and over a long
+// round trip a group that has to dial first (connect, HELLO) takes two
+// round trips more and misses its callers' bound. The single layout's
+// one partition needs no more than the connection its commits keep busy.
+func (t *target) warm(minIdle *int, poolSize int) {
+	n := t.own.partitions
+	if t.cluster != nil {
+		n = cmp.Or(n, DefaultClusterPartitions)
+	}
+	if t.own.minIdleConns || n < 2 {
+		return
+	}
+	*minIdle = min(n, cmp.Or(poolSize, 10*runtime.GOMAXPROCS(0)))
 }
 
 // explain adds to an error of Open's first command, for a Sentinel URL,

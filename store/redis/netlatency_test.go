@@ -51,7 +51,6 @@ func BenchmarkPathLatency(b *testing.B) {
 		{"rtt=200ms/agents=128", 200 * time.Millisecond, 0, 128, ""},
 		{"rtt=200ms/agents=128/bound=3s", 200 * time.Millisecond, 0, 128, "unavailable_after=3s"},
 		{"rtt=200ms/agents=128/partitions=16", 200 * time.Millisecond, 0, 128, "partitions=16"},
-		{"rtt=200ms/agents=128/partitions=16/min_idle_conns=16", 200 * time.Millisecond, 0, 128, "partitions=16&min_idle_conns=16"},
 		{"rtt=200ms/loss=5%", 200 * time.Millisecond, 0.05, 32, ""},
 	} {
 		b.Run(c.name, func(b *testing.B) {

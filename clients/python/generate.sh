@@ -18,7 +18,8 @@
 #
 # The well-known types (google/protobuf/timestamp.proto, duration.proto,
 # any.proto) are not generated: python3-protobuf ships their modules
-# (google.protobuf.timestamp_pb2, ...). google/rpc's .proto files are on no
+# (google.protobuf.timestamp_pb2, ...), and protoc reads their .proto
+# files from /usr/include (Debian's libprotobuf-dev). google/rpc's .proto files are on no
 # Debian machine; their descriptors come from the Go module go.mod pins
 # (google.golang.org/genproto/googleapis/rpc, the package the server builds
 # its error details with), exported by internal/rpcdescriptors for
@@ -34,6 +35,10 @@ if [ "$(protoc --version)" != "$want_protoc" ]; then
   exit 1
 fi
 plugin=$(command -v grpc_python_plugin)
+if [ ! -f /usr/include/google/protobuf/timestamp.proto ]; then
+  echo "generate.sh: protoc's well-known types are missing (/usr/include/google/protobuf/timestamp.proto): apt-get install libprotobuf-dev" >&2
+  exit 1
+fi
 have_plugin=$(dpkg-query -W -f='${Version}' protobuf-compiler-grpc 2>/dev/null || true)
 case "$have_plugin" in
   "$want_grpc_plugin"-*) ;;

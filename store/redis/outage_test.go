@@ -30,12 +30,7 @@ func TestOutageAnswersUnavailable(t *testing.T) {
 	// An agent's deadline that the go-redis defaults (a 5 s dial, a 3 s
 	// read, three retries) overrun and the bound leaves room in.
 	const agentDeadline = 2 * time.Second
-	s, err := redis.Open(context.Background(), redis.Config{
-		URL: srv.URL(0) + "?appendfsync=always&unavailable_after=" + bound.String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := open(t, srv.URL(0)+"?appendfsync=always&unavailable_after="+bound.String(), "")
 
 	type answer struct {
 		session    string
@@ -144,12 +139,7 @@ func TestUnansweredCommitIsNotSentLate(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartWith(t, redistest.Options{AppendOnly: true, AppendFsync: "always"})
 	const bound = 300 * time.Millisecond
-	s, err := redis.Open(context.Background(), redis.Config{
-		URL: srv.URL(0) + "?appendfsync=always&unavailable_after=" + bound.String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := open(t, srv.URL(0)+"?appendfsync=always&unavailable_after="+bound.String(), "")
 	ctx := context.Background()
 	var away []string
 	for round := range 3 {

@@ -258,7 +258,7 @@ func (s *Store) check(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			onConnect := s.target.standalone.OnConnect
+			onConnect := s.target.onConnect
 			s.rdb.Close()
 			s.target = &target{cluster: opts, own: s.target.own}
 			s.rdb = s.target.client(onConnect)

@@ -64,6 +64,9 @@ type target struct {
 	cluster    *redis.ClusterOptions
 	// own are retryd's own parameters.
 	own ownParams
+	// onConnect is the store's own hook on a new connection, as client
+	// was given it (the options hold it wrapped).
+	onConnect func(context.Context, *redis.Conn) error
 }
 
 // parseURL parses a store URL without connecting. Its errors name the
@@ -209,10 +212,10 @@ func (t *target) String() string {
 // be sent after its context ended. A group commit relies on this: nothing
 // of it is sent once its context is cancelled (see commitGroup).
 func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redis.UniversalClient {
-	connected := onConnect
+	t.onConnect = onConnect
 	onConnect = func(ctx context.Context, cn *redis.Conn) error {
-		if connected != nil {
-			if err := connected(ctx, cn); err != nil {
+		if t.onConnect != nil {
+			if err := t.onConnect(ctx, cn); err != nil {
 				return err
 			}
 		}

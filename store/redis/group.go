@@ -194,7 +194,9 @@ func (q *queue) withdraw(r *request) bool {
 }
 
 // lead commits the group at the head of partition p's queue (the leader's
-// own request is its first) and passes the lead to the next caller.
+// own request is its first, unless it left the queue at its bound before
+// this goroutine ran) and passes the lead to the next caller. A queue that
+// every caller left meanwhile has no group to commit.
 func (s *Store) lead(p int) {
 	q := s.queues[p]
 	q.mu.Lock()
@@ -203,9 +205,11 @@ func (s *Store) lead(p int) {
 	q.reqs = slices.Delete(q.reqs, 0, n)
 	q.mu.Unlock()
 
-	errs := s.commitGroup(p, group)
-	for i, r := range group {
-		r.done <- errs[i]
+	if len(group) > 0 {
+		errs := s.commitGroup(p, group)
+		for i, r := range group {
+			r.done <- errs[i]
+		}
 	}
 
 	q.mu.Lock()

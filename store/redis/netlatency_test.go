@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,53 @@ func BenchmarkPathLatency(b *testing.B) {
 			l := decideOverPath(client, c.workers, b.N, "lat")
 			b.StopTimer()
 			l.report(b, c.workers, c.rtt)
+		})
+	}
+}
+
+// BenchmarkRequestOverPath measures what one request of a given size
+// costs over the slow path of BenchmarkPathLatency (200 ms added to the
+// round trip, no jitter), on a warm connection of its own: a SET of size
+// bytes, one after the other, b.N of them. It reports the mean time of a
+// request in round trips of the added delay; its cases are named after the
+// host's TCP congestion control (cc), which decides it: BBR paces what a connection
+// sends at its estimate of the path's bandwidth, and a connection that
+// sends a request and then waits for the answer (application-limited)
+// keeps that estimate near what it sent per round trip, so a request of
+// more than a few segments goes out over a good part of a round trip;
+// CUBIC sends it at once, as far as its window allows. A group commit is
+// such a request (see docs/storage.md, "A slow or lossy path"). Run it as
+// root with
+//
+//	go test -run '^$' -bench RequestOverPath -benchtime 20x ./store/redis/
+func BenchmarkRequestOverPath(b *testing.B) {
+	const rtt = 200 * time.Millisecond
+	cc, err := os.ReadFile("/proc/sys/net/ipv4/tcp_congestion_control")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := redistest.StartInNamespace(b, 1)
+	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr(0), PoolSize: 1})
+	defer rdb.Close()
+	srv.Delay(b, 0, rtt/2, 0)
+	ctx := context.Background()
+	for _, kb := range []int{1, 8, 16, 32, 64, 160} {
+		b.Run(fmt.Sprintf("cc=%s/size=%dKiB", strings.TrimSpace(string(cc)), kb), func(b *testing.B) {
+			value := strings.Repeat("x", kb<<10)
+			// The first requests open the connection's window; they are
+			// not measured.
+			for range 4 {
+				if err := rdb.Set(ctx, "k", value, 0).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := rdb.Set(ctx, "k", value, 0).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed())/float64(b.N)/float64(rtt), "round-trips/op")
 		})
 	}
 }

@@ -4,6 +4,18 @@ go 1.26.0
 
 require github.com/coredns/coredns v1.15.0
 
+// Every module this build shares with the Kubernetes components'
+// (tools/kubernetes/go.mod) is required at the same version in both, the
+// higher of the two: k8s.io/api, apimachinery and client-go at Kubernetes'
+// v0.37.2 here; grpc, protobuf, golang.org/x/..., the Prometheus client,
+// logr and yaml at CoreDNS's versions there. A compiled package is reused
+// from Go's build cache only at the same module version, so this way the
+// 470 packages of CoreDNS's build that the Kubernetes components also
+// import compile once, and CoreDNS's build after theirs compiles only its
+// own (scripts/test builds it last). A module left at different versions
+// (go mod tidy keeps it out of the go.mod that builds none of its
+// packages) is compiled by one of the two builds only. After changing a
+// version on either side, raise the other to match and tidy both.
 require (
 	github.com/apparentlymart/go-cidr v1.1.1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
@@ -63,9 +75,9 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
-	k8s.io/api v0.37.1 // indirect
-	k8s.io/apimachinery v0.37.1 // indirect
-	k8s.io/client-go v0.37.1 // indirect
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
+	k8s.io/client-go v0.37.2 // indirect
 	k8s.io/klog/v2 v2.140.0 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
 	k8s.io/utils v0.0.0-20260626114624-be93311217bd // indirect

@@ -20,11 +20,13 @@ import (
 const Modfile = "tools/kubernetes/go.mod"
 
 // CoreDNSModule pins CoreDNS, the cluster DNS of a node's pods, relative to
-// the repository root. It is a module of its own: CoreDNS's release
-// requires newer k8s.io client modules than the pinned Kubernetes release,
-// and each keeps its own. Its CoreDNSPackage is CoreDNS with only the
-// plugins the harness's Corefile uses, so it is built from the module's
-// directory.
+// the repository root. It is a module of its own, so that CoreDNS's
+// requirements stay out of the Kubernetes components' module graph; the
+// modules the two share are required at the same version in both go.mod
+// files, so CoreDNS's build reuses the packages (client-go, grpc,
+// protobuf, ...) that the components' builds left in Go's build cache. Its
+// CoreDNSPackage is CoreDNS with only the plugins the harness's Corefile
+// uses, so it is built from the module's directory.
 const CoreDNSModule = "tools/coredns"
 
 // The packages of the pinned components.

@@ -6,8 +6,10 @@ go 1.26.0
 // ./staging/src/..., which only its own repository has; a module that
 // depends on it pins each of them to the published release of the same
 // Kubernetes version (v1.37.2 <-> v0.37.2) instead. etcd's server is the
-// version the API server's etcd client requires (go.etcd.io/etcd/client/v3
-// in k8s.io/kubernetes's go.mod); its package is etcd's own main.
+// release of the etcd client modules the API server is built with
+// (go.etcd.io/etcd/client/v3 below: v3.7.2, CoreDNS's, above the v3.7.0
+// k8s.io/kubernetes requires; see the next paragraph); its package is
+// etcd's own main.
 //
 // Every module in both this module graph and CoreDNS's
 // (tools/coredns/go.mod, `go list -m all` in each) is at the same version
@@ -17,8 +19,8 @@ go 1.26.0
 // at v0.37.2 there; here grpc, protobuf, golang.org/x/..., the Prometheus
 // client, logr and yaml, which CoreDNS's build compiles too, and
 // OpenTelemetry, zap and etcd's api and client modules, which it does not,
-// at CoreDNS's versions, above what k8s.io/kubernetes v1.37.2 requires
-// (etcd's server stays at v3.7.0). A compiled package is reused from Go's
+// at CoreDNS's versions, above what k8s.io/kubernetes v1.37.2 requires.
+// A compiled package is reused from Go's
 // build cache only at the same module version, so CoreDNS's build, run
 // after these, reuses the packages they compiled instead of compiling
 // them again at other versions. After changing a version on either side,
@@ -168,8 +170,8 @@ require (
 	go.etcd.io/etcd/api/v3 v3.7.2 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.7.2 // indirect
 	go.etcd.io/etcd/client/v3 v3.7.2 // indirect
-	go.etcd.io/etcd/pkg/v3 v3.7.0 // indirect
-	go.etcd.io/etcd/server/v3 v3.7.0 // indirect
+	go.etcd.io/etcd/pkg/v3 v3.7.2 // indirect
+	go.etcd.io/etcd/server/v3 v3.7.2 // indirect
 	go.etcd.io/raft/v3 v3.7.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.69.0 // indirect

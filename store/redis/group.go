@@ -126,8 +126,9 @@ type request struct {
 // a connection), each group's commit would check the counters that the
 // one before it leaves, and one that reached Redis first would have to be
 // decided again; over a 200 ms path with 128 agents such a design
-// answered a quarter as many decisions as this one in the same run, its
-// extra connections starting cold (a dial, then a small window). A
+// answered a quarter as many decisions as this one, measured back to
+// back, its extra connections starting cold (a dial, then a small
+// window). A
 // partitioned layout has a group in flight per partition instead, whose
 // commits do not depend on each other. What keeps a slow path at a group
 // per round trip is that a commit is not cut at its callers' bound: a

@@ -80,15 +80,15 @@ func BenchmarkPathLatency(b *testing.B) {
 // costs over the slow path of BenchmarkPathLatency (200 ms added to the
 // round trip, no jitter), on a warm connection of its own: a SET of size
 // bytes, one after the other, b.N of them. It reports the mean time of a
-// request in round trips of the added delay; its cases are named after the
-// host's TCP congestion control (cc), which decides it: BBR paces what a connection
-// sends at its estimate of the path's bandwidth, and a connection that
-// sends a request and then waits for the answer (application-limited)
-// keeps that estimate near what it sent per round trip, so a request of
-// more than a few segments goes out over a good part of a round trip;
-// CUBIC sends it at once, as far as its window allows. A group commit is
-// such a request (see docs/storage.md, "A slow or lossy path"). Run it as
-// root with
+// request in round trips of the added delay. Its cases are named after
+// the host's TCP congestion control (cc), which decides it: BBR paces
+// what a connection sends at its estimate of the path's bandwidth, and a
+// connection that sends a request and then waits for the answer
+// (application-limited) keeps that estimate near what it sent per round
+// trip, so a request of more than a few segments goes out over a good
+// part of a round trip; CUBIC sends it at once, as far as its window
+// allows. A group commit is such a request (see docs/storage.md, "A slow
+// or lossy path"). Run it as root with
 //
 //	go test -run '^$' -bench RequestOverPath -benchtime 20x ./store/redis/
 func BenchmarkRequestOverPath(b *testing.B) {

@@ -60,6 +60,7 @@ func TestChartOnANode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a Kubernetes control plane and node; not with -short")
 	}
+	retrydtest.EndToEnd(t, "a Kubernetes control plane and node")
 	if os.Geteuid() != 0 {
 		t.Skip("a Kubernetes node needs root (cgroups, mounts, network namespaces)")
 	}

@@ -107,6 +107,7 @@ type SpanEvent struct {
 // the test ends. It fails the test if Jaeger cannot be built or started.
 func Start(t testing.TB) *Jaeger {
 	t.Helper()
+	retrydtest.EndToEnd(t, "Jaeger, built from "+modfile)
 	bin, err := binary()
 	if err != nil {
 		t.Fatalf("jaegertest: %v", err)

@@ -61,6 +61,7 @@ var (
 // line, or fails when RETRYD_REQUIRE_TOOLS=1.
 func Binary(t testing.TB, pkg string) string {
 	t.Helper()
+	retrydtest.EndToEnd(t, pkg)
 	binMu.Lock()
 	defer binMu.Unlock()
 	if p, ok := bins[pkg]; ok {

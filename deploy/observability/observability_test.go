@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -280,10 +281,10 @@ type prometheusServer struct {
 	base string
 }
 
-// startPrometheus runs Prometheus scraping target every second, with the
+// startPrometheus runs Prometheus scraping targets every second, with the
 // shipped rules made to fire at once (every `for:` set to 0s: the
 // scenario lasts seconds, not the minutes the rules wait for).
-func startPrometheus(t *testing.T, bin, dir, target string) *prometheusServer {
+func startPrometheus(t *testing.T, bin, dir string, targets ...string) *prometheusServer {
 	t.Helper()
 	rules, err := os.ReadFile("alerts.yaml")
 	if err != nil {
@@ -291,6 +292,10 @@ func startPrometheus(t *testing.T, bin, dir, target string) *prometheusServer {
 	}
 	immediate := regexp.MustCompile(`(?m)^(\s+for:) \S+$`).ReplaceAll(rules, []byte("$1 0s"))
 	writeFile(t, filepath.Join(dir, "alerts.yaml"), string(immediate))
+	var quoted []string
+	for _, target := range targets {
+		quoted = append(quoted, strconv.Quote(target))
+	}
 	writeFile(t, filepath.Join(dir, "prometheus.yml"), fmt.Sprintf(`global:
   scrape_interval: 1s
   scrape_timeout: 1s
@@ -299,8 +304,8 @@ rule_files: [alerts.yaml]
 scrape_configs:
   - job_name: retryd
     static_configs:
-      - targets: [%q]
-`, target))
+      - targets: [%s]
+`, strings.Join(quoted, ", ")))
 	addr := freeAddr(t)
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "tsdb"), "--web.listen-address="+addr)

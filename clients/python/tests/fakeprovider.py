@@ -162,6 +162,7 @@ class FakeProvider:
         for e in events:
             h.wfile.write(b"%x\r\n%s\r\n" % (len(e), e))
         h.wfile.flush()
+        time.sleep(0.2)  # the events reach the client before the reset (which drops unread data)
         h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         h.close_connection = True
         h.connection.close()

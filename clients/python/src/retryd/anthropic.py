@@ -1,0 +1,99 @@
+"""retryd for the anthropic SDK (2.x): retryd decides the retries of the model
+calls an agent makes through ``anthropic.Anthropic`` and ``anthropic.AsyncAnthropic``.
+
+The SDK's own retries are turned off (``max_retries=0``) and its HTTP client
+(httpx2, the SDK's own) gets retryd's transport, the one place that sees
+every attempt's status, headers and body, streams included::
+
+    r = retryd.anthropic.Retrier(client)
+    sdk = anthropic.Anthropic(api_key=key, **r.client_options())
+    with retryd.anthropic.session(session_id):
+        message = sdk.messages.create(model=..., max_tokens=..., messages=...)
+
+Each failed attempt (an error status, an error event inside a 200 stream, an
+empty completion, a transport error) is classified and reported with
+recover(): on retry the request is sent again after retryd's Started; on a
+delegation the SDK raises its own error for the provider's answer, and
+``delegate_reason(err)`` / ``outcome_of(err)`` read retryd's answer from it.
+Anthropic's ``529 overloaded_error`` is SERVER, an ``event: error`` inside a
+stream is classified by its error type. A retryd refusal (LIMIT_REACHED and
+the like) raises ``DecisionError``
+(``LimitReachedError``) with the delay retryd asked for. See
+retryd._middleware for streams and numbering.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import httpx2
+
+from ._middleware import (
+    HEADER_DELEGATE_DETAIL,
+    HEADER_DELEGATE_REASON,
+    HEADER_LOCAL,
+    DecisionError,
+    DelegatedError,
+    LimitReachedError,
+    Retrier as _Retrier,
+    Turn,
+    TurnFunc,
+    delegate_reason,
+    outcome_of,
+    sdk_options,
+    session,
+)
+from .aio import AsyncClient
+from .client import Client
+from .v1 import policy_pb2
+
+
+class Retrier(_Retrier):
+    """Drives the anthropic SDK's model calls through retryd (provider
+    "anthropic" unless named).
+
+    The SDK's own middleware (``middleware=``) runs per attempt above the
+    HTTP client and hands a stream to the caller unread; the transport
+    reads the stream's events as they arrive, so an ``event: error`` before
+    any text is retried unseen."""
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        async_client: Optional[AsyncClient] = None,
+        provider: str = "anthropic",
+        policy: Optional[policy_pb2.RetryPolicy] = None,
+        policy_name: Optional[str] = None,
+        session_id: Optional[str] = None,
+        turns: Optional[TurnFunc] = None,
+    ) -> None:
+        super().__init__(client, async_client=async_client, provider=provider, policy=policy, policy_name=policy_name,
+                         session_id=session_id, turns=turns)
+
+    def client_options(self, transport: Optional[httpx2.BaseTransport] = None, **http_kwargs: Any) -> Dict[str, Any]:
+        """``max_retries=0`` and an ``http_client`` (httpx2.Client) sending
+        through retryd's transport over transport (default
+        httpx2.HTTPTransport()): the keyword arguments for anthropic.Anthropic.
+        http_kwargs go to httpx2.Client (timeout=, headers=, ...)."""
+        return sdk_options(self, httpx2, is_async=False, inner=transport, **http_kwargs)
+
+    def async_client_options(self, transport: Optional[httpx2.AsyncBaseTransport] = None, **http_kwargs: Any) -> Dict[str, Any]:
+        """client_options() for anthropic.AsyncAnthropic (the Retrier's async_client)."""
+        return sdk_options(self, httpx2, is_async=True, inner=transport, **http_kwargs)
+
+
+__all__ = [
+    "DecisionError",
+    "DelegatedError",
+    "HEADER_DELEGATE_DETAIL",
+    "HEADER_DELEGATE_REASON",
+    "HEADER_LOCAL",
+    "LimitReachedError",
+    "Retrier",
+    "Turn",
+    "TurnFunc",
+    "delegate_reason",
+    "outcome_of",
+    "session",
+]

@@ -200,3 +200,119 @@ func TestAnchorOf(t *testing.T) {
 		}
 	}
 }
+
+// repoURL is where the repository's files are published; a runbook_url
+// under it names a file of this repository.
+const repoURL = "https://github.com/retryd/retryd/blob/main/"
+
+// TestRunbookURLs checks the runbook_url of every alert of the shipped
+// rules (deploy/observability/alerts.yaml, which the chart ships too): it
+// is a file of this repository under repoURL, and its #fragment names a
+// heading of that document, as TestDocLinks checks a Markdown link.
+func TestRunbookURLs(t *testing.T) {
+	t.Parallel()
+	root, err := retrydtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, err := os.ReadFile(filepath.Join(root, "deploy", "observability", "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, alerts := runbookProblems(root, string(rules))
+	if alerts == 0 {
+		t.Fatal("alerts.yaml defines no alert")
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// TestRunbookURLsRefuseBadAnchor: the check finds a runbook_url whose
+// anchor no heading has, one naming a missing document, one outside the
+// repository, and an alert without any.
+func TestRunbookURLsRefuseBadAnchor(t *testing.T) {
+	t.Parallel()
+	root, err := retrydtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := `groups:
+  - name: retryd
+    rules:
+      - alert: Good
+        annotations:
+          runbook_url: ` + repoURL + `docs/runbooks.md#retryddown
+      - alert: BadAnchor
+        annotations:
+          runbook_url: ` + repoURL + `docs/runbooks.md#retrydisdown
+      - alert: NoDocument
+        annotations:
+          runbook_url: ` + repoURL + `docs/no-such-runbooks.md#retryddown
+      - alert: Elsewhere
+        annotations:
+          runbook_url: https://example.com/runbooks#retryddown
+      - alert: NoRunbook
+        annotations:
+          summary: nothing to read
+`
+	problems, alerts := runbookProblems(root, rules)
+	if alerts != 5 {
+		t.Errorf("found %d alerts, want 5", alerts)
+	}
+	want := []string{"BadAnchor", "NoDocument", "Elsewhere", "NoRunbook"}
+	if len(problems) != len(want) {
+		t.Fatalf("problems %q, want one for each of %v", problems, want)
+	}
+	for i, name := range want {
+		if !strings.Contains(problems[i], "alert "+name+":") {
+			t.Errorf("problem %d is %q, want one about %s", i, problems[i], name)
+		}
+	}
+}
+
+var (
+	alertLine   = regexp.MustCompile(`^\s+- alert: (\S+)\s*$`)
+	runbookLine = regexp.MustCompile(`^\s+runbook_url: ["']?([^"'\s]+)["']?\s*$`)
+)
+
+// runbookProblems checks the runbook_url annotation of every alert of a
+// rule file and returns what is wrong, one line per alert, and how many
+// alerts the file defines.
+func runbookProblems(root, rules string) (problems []string, alerts int) {
+	urls := map[string]string{}
+	var order []string
+	current := ""
+	for _, line := range strings.Split(rules, "\n") {
+		if m := alertLine.FindStringSubmatch(line); m != nil {
+			current = m[1]
+			order = append(order, current)
+			continue
+		}
+		if m := runbookLine.FindStringSubmatch(line); m != nil && current != "" {
+			urls[current] = m[1]
+		}
+	}
+	for _, alert := range order {
+		u, ok := urls[alert]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("alert %s: no runbook_url annotation", alert))
+			continue
+		}
+		rel, ok := strings.CutPrefix(u, repoURL)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("alert %s: runbook_url %s is not under %s", alert, u, repoURL))
+			continue
+		}
+		file, fragment, _ := strings.Cut(rel, "#")
+		b, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(file)))
+		if err != nil {
+			problems = append(problems, fmt.Sprintf("alert %s: runbook_url %s: %v", alert, u, err))
+			continue
+		}
+		if fragment == "" || !headingAnchors(string(b))[fragment] {
+			problems = append(problems, fmt.Sprintf("alert %s: runbook_url %s: no heading of %s has the anchor #%s", alert, u, file, fragment))
+		}
+	}
+	return problems, len(order)
+}

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -174,4 +175,79 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestObservabilityTuned renders the rules with runbookBaseURL and some
+// alerts' waits and thresholds changed: every runbook_url is the base URL
+// and the alert's anchor, a changed alert has its new `for` and the new
+// number after its expression's final ">", every other alert is
+// alerts.yaml's, and promtool accepts the result.
+func TestObservabilityTuned(t *testing.T) {
+	t.Parallel()
+	_, rule := observabilityObjects(t, filepath.Join("testdata", "observability", "tuned.yaml"))
+	_, defaults := observabilityObjects(t, filepath.Join("testdata", "observability", "both.yaml"))
+	if rule == nil || defaults == nil {
+		t.Fatal("no PrometheusRule rendered")
+	}
+	type tuning struct{ wait, threshold string }
+	changed := map[string]tuning{
+		"RetrydDown":                {wait: "3m"},
+		"RetrydHighDelegationRatio": {wait: "30m", threshold: "0.8"},
+		"RetrydStartLatenessHigh":   {threshold: "2.5"},
+		"RetrydAdmissionRefusals":   {threshold: "0.05"},
+	}
+	original := map[string]monitoringv1.Rule{}
+	for _, g := range defaults.Spec.Groups {
+		for _, r := range g.Rules {
+			original[r.Alert] = r
+		}
+	}
+	final := regexp.MustCompile(`>\s*([0-9.]+)\s*$`)
+	seen := 0
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			seen++
+			orig := original[r.Alert]
+			if want := "https://wiki.example.com/ops/retryd-runbooks#" + strings.ToLower(r.Alert); r.Annotations["runbook_url"] != want {
+				t.Errorf("%s: runbook_url %q, want %q", r.Alert, r.Annotations["runbook_url"], want)
+			}
+			// both.yaml renames the job; tuned.yaml keeps the chart's name.
+			wantFor, wantExpr := orig.For, strings.ReplaceAll(orig.Expr.String(), `job="agent-retries"`, `job="retryd"`)
+			if c := changed[r.Alert]; c.wait != "" {
+				wantFor = ptr(monitoringv1.Duration(c.wait))
+			}
+			if c := changed[r.Alert]; c.threshold != "" {
+				m := final.FindStringSubmatchIndex(wantExpr)
+				if m == nil {
+					t.Fatalf("%s: alerts.yaml's expression ends in no > comparison: %s", r.Alert, wantExpr)
+				}
+				wantExpr = wantExpr[:m[2]] + c.threshold + wantExpr[m[3]:]
+			}
+			if deref(r.For) != deref(wantFor) {
+				t.Errorf("%s: for %v, want %v", r.Alert, deref(r.For), deref(wantFor))
+			}
+			if r.Expr.String() != wantExpr {
+				t.Errorf("%s: expr\n%s\nwant\n%s", r.Alert, r.Expr.String(), wantExpr)
+			}
+			if !reflect.DeepEqual(r.Labels, orig.Labels) {
+				t.Errorf("%s: labels %v, want alerts.yaml's %v", r.Alert, r.Labels, orig.Labels)
+			}
+		}
+	}
+	if seen != len(original) {
+		t.Errorf("%d alerts rendered, alerts.yaml has %d", seen, len(original))
+	}
+
+	promtool := retrydtest.NeedProgram(t, "promtool", "apt-get install -y prometheus")
+	groups, err := yaml.Marshal(rule.Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(file, groups, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(promtool, "check", "rules", file).CombinedOutput(); err != nil {
+		t.Errorf("promtool check rules on the tuned PrometheusRule's groups: %v\n%s", err, out)
+	}
 }

@@ -58,7 +58,11 @@ func TestAPIServerInstallUpgradeUninstall(t *testing.T) {
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
 	api := &liveAPI{client: client, dyn: dyn, mapper: mapper}
 
-	for _, rel := range goodValues(t) {
+	// The NetworkPolicy files of testdata/network too (the GRPCRoute's
+	// needs the Gateway API's CRDs, which this server lacks).
+	files := append(goodValues(t), filepath.Join("testdata", "network", "memory-tls.yaml"),
+		filepath.Join("testdata", "network", "redis-otlp.yaml"))
+	for _, rel := range files {
 		name := strings.TrimSuffix(filepath.Base(rel), ".yaml")
 		values, err := filepath.Abs(rel) // helm runs in the repository root
 		if err != nil {

@@ -41,8 +41,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -190,6 +192,10 @@ func newObject(apiVersion, kind string) (any, bool) {
 		return &autoscalingv2.HorizontalPodAutoscaler{}, true
 	case "monitoring.coreos.com/v1 ServiceMonitor":
 		return &monitoringv1.ServiceMonitor{}, true
+	case "networking.k8s.io/v1 NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}, true
+	case "gateway.networking.k8s.io/v1 GRPCRoute":
+		return &gatewayv1.GRPCRoute{}, true
 	}
 	return nil, false
 }
@@ -402,7 +408,7 @@ type expectation struct {
 func defaultFlags(overrides map[string]string) map[string]string {
 	f := map[string]string{
 		"listen": "0.0.0.0:7700", "config-reload-interval": "5s", "chain-ttl": "1h", "abandon-grace": "60s", "shutdown-timeout": "10s",
-		"log-level": "info", "log-format": "text", "event-log-size": "100000",
+		"log-level": "info", "log-format": "text", "event-log-size": "100000", "memory-limit-ratio": "0.9",
 		"metrics-listen": "0.0.0.0:9464",
 		// server.limits: the server's defaults.
 		"max-recv-msg-bytes": "1048576", "max-concurrent-streams": "1000", "keepalive-min-time": "10s",
@@ -577,7 +583,7 @@ var expectations = map[string]expectation{
 		served: checkAuthServed,
 	},
 	"all-options.yaml": {
-		flags: defaultFlags(nil), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
+		flags: defaultFlags(map[string]string{"memory-limit-ratio": "0.75", "pprof": "true"}), port: 7700, metricsPort: 9464, servicePort: 443, grace: 45,
 		image: "registry.example.test/retryd/retryd:0.1.0-rc.1", replicas: nil, resources: true, probes: true,
 		otel: true, optional: true, testPodImage: "registry.example.test/retryd/retryd-test:1",
 		extra: checkAllOptions,
@@ -1650,18 +1656,21 @@ func TestServeRenderedArgs(t *testing.T) {
 			}
 
 			if run.metricsAddr != "" {
-				// The store gauges (retryd_sessions, …) are the population
-				// of a pod's own store; the Redis store, shared by the
-				// replicas, reports none, so ask for the gRPC server's.
+				// The store gauges: the pod's own store's population, or
+				// with Redis the shared store's, which every replica reports.
 				metric := "retryd_sessions"
-				if redisURL != "" {
-					metric = "rpc_server_call_duration_seconds"
-				}
 				body, err := getMetrics(ctx, run.metricsAddr)
 				if err != nil {
 					t.Errorf("GET /metrics: %v\nretryd output:\n%s", err, p.logs.String())
 				} else if !strings.Contains(body, metric) {
 					t.Errorf("/metrics lacks %s:\n%s", metric, body)
+				}
+				// server.pprof adds the runtime's profiles to the metrics
+				// listener, and only then.
+				if code, err := httpStatus(ctx, "http://"+run.metricsAddr+"/debug/pprof/cmdline"); err != nil {
+					t.Errorf("GET /debug/pprof/cmdline: %v", err)
+				} else if want := map[bool]int{true: http.StatusOK, false: http.StatusNotFound}[flags["pprof"] == "true"]; code != want {
+					t.Errorf("GET /debug/pprof/cmdline with --pprof=%q: status %d, want %d", flags["pprof"], code, want)
 				}
 			}
 
@@ -2016,6 +2025,20 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// httpStatus GETs url and returns the response's status code.
+func httpStatus(ctx context.Context, url string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // getMetrics fetches http://addr/metrics and returns the body of a 200

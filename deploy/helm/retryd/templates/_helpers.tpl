@@ -271,6 +271,9 @@ them. Included by every workload template; renders nothing.
 {{- fail (printf "server.metricsPort (%d) must differ from service.port: the Service exposes both" (int .)) }}
 {{- end }}
 {{- end }}
+{{- if and .Values.server.pprof (not .Values.server.metricsPort) }}
+{{- fail "server.pprof needs server.metricsPort: the profiles are served on the metrics listener" }}
+{{- end }}
 {{- if and .Values.serviceMonitor.enabled (not .Values.server.metricsPort) }}
 {{- fail "serviceMonitor.enabled needs server.metricsPort: with 0 retryd serves no /metrics to scrape" }}
 {{- end }}

@@ -49,6 +49,10 @@ spec:
         - --log-level={{ .Values.server.logLevel }}
         - --log-format={{ .Values.server.logFormat }}
         - --event-log-size={{ int64 .Values.server.eventLogSize }}
+        - --memory-limit-ratio={{ .Values.server.memoryLimitRatio }}
+        {{- if .Values.server.pprof }}
+        - --pprof=true
+        {{- end }}
         {{- if .Values.server.metricsPort }}
         - --metrics-listen=0.0.0.0:{{ .Values.server.metricsPort }}
         {{- end }}
@@ -111,7 +115,14 @@ spec:
         - name: OTEL_EXPORTER_OTLP_PROTOCOL
           value: {{ .Values.otel.protocol | quote }}
         - name: OTEL_TRACES_EXPORTER
+          value: {{ ternary "otlp" "none" .Values.otel.traces.enabled }}
+        {{- if .Values.otel.metrics.enabled }}
+        # Metrics pushed over OTLP beside the /metrics endpoint.
+        - name: OTEL_METRICS_EXPORTER
           value: otlp
+        - name: OTEL_METRIC_EXPORT_INTERVAL
+          value: {{ int64 .Values.otel.metrics.intervalMs | quote }}
+        {{- end }}
         - name: OTEL_TRACES_SAMPLER
           value: {{ .Values.otel.sampler | quote }}
         - name: OTEL_TRACES_SAMPLER_ARG

@@ -188,9 +188,11 @@ def test_an_unknown_exception_is_reported_unknown_and_raised(client: retryd.Clie
 
     r = ro.Retrier(client, policy=backoff_policy(20))
     http = httpx2.Client(transport=r.transport(httpx2, Exploding()))
-    with ro.session(s), pytest.raises(LookupError) as err:
+    # openai 3.0 wraps what its HTTP client raised in APIConnectionError.
+    with ro.session(s), pytest.raises((LookupError, openai.APIConnectionError)) as err:
         openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="t", max_retries=0, http_client=http).chat.completions.create(
             model="m", messages=MESSAGES)
+    assert isinstance(err.value, LookupError) or isinstance(err.value.__cause__, LookupError)
     assert ro.delegate_reason(err.value) == "DELEGATE_REASON_CODE_NOT_RETRYABLE"
     assert [d.code for d in logged_decisions(debug_server, s, 1)] == ["UNKNOWN"]
 
@@ -209,12 +211,13 @@ def test_a_retryd_refusal_raises_with_the_delay_it_asked_for(limited: RetrydServ
         held = c.failed_step(failed_step("py-openai-hold", 1, 1, backoff_policy(10_000))).decision.schedule
         try:
             with FakeProvider(UNAVAILABLE) as p:
-                with ro.session("py-openai-refused"), pytest.raises(ro.LimitReachedError) as err:
+                with ro.session("py-openai-refused"), pytest.raises((ro.LimitReachedError, openai.APIConnectionError)) as err:
                     sdk(ro.Retrier(c, policy=backoff_policy(50)), p).chat.completions.create(model="m", messages=MESSAGES)
                 assert len(p.received) == 1
         finally:
             c.cancel_retry(held.retry_id)
-    e = err.value
+    e = ro.decision_error(err.value)
+    assert isinstance(e, ro.LimitReachedError)
     assert e.reason == "LIMIT_REACHED" and e.bound == "pending_retries"
     assert e.delay is not None and e.delay.total_seconds() == 1.0
     assert e.classification.failure.code == "SERVER" and e.response is not None and e.response.status_code == 503

@@ -145,6 +145,16 @@ class DelegatedError(Exception):
         super().__init__(f"retryd did not retry the model request ({reason_of(outcome)}): {what}")
 
 
+def decision_error(exc: BaseException) -> Optional[DecisionError]:
+    """The DecisionError exc is or wraps (``__cause__``/``__context__``):
+    some SDK releases wrap what their HTTP client raised in their own
+    connection error."""
+    for e in _chain(exc):
+        if isinstance(e, DecisionError):
+            return e
+    return None
+
+
 def reason_of(out: Outcome) -> str:
     """The delegate reason's name, or the cancel reason for a cancelled retry."""
     if out.delegate is not None:

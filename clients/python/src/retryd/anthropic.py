@@ -33,6 +33,7 @@ from ._middleware import (
     HEADER_DELEGATE_REASON,
     HEADER_LOCAL,
     DecisionError,
+    decision_error,
     DelegatedError,
     LimitReachedError,
     Retrier as _Retrier,
@@ -85,6 +86,7 @@ class Retrier(_Retrier):
 
 __all__ = [
     "DecisionError",
+    "decision_error",
     "DelegatedError",
     "HEADER_DELEGATE_DETAIL",
     "HEADER_DELEGATE_REASON",

@@ -30,6 +30,7 @@ import openai
 
 from ._middleware import (
     DecisionError,
+    decision_error,
     DelegatedError,
     LimitReachedError,
     Retrier as _Retrier,
@@ -79,6 +80,7 @@ class Retrier(_Retrier):
 
 __all__ = [
     "DecisionError",
+    "decision_error",
     "DelegatedError",
     "LimitReachedError",
     "Retrier",

@@ -83,7 +83,8 @@ func TestDocLinks(t *testing.T) {
 }
 
 // markdownFiles lists the repository's Markdown files, leaving out what
-// tools install (node_modules) and version control.
+// tools install (node_modules, Python virtual environments) and version
+// control.
 func markdownFiles(root string) ([]string, error) {
 	var out []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -92,7 +93,7 @@ func markdownFiles(root string) ([]string, error) {
 		}
 		if d.IsDir() {
 			switch d.Name() {
-			case ".git", "node_modules":
+			case ".git", "node_modules", ".venv":
 				return filepath.SkipDir
 			}
 			return nil

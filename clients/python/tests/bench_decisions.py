@@ -2,7 +2,7 @@
 the policy port, the chain, the event record; without the wait) and one
 decided by a retryd over loopback (FailedStep, sync client). Not a test:
 
-    /usr/bin/python3 clients/python/tests/bench_decisions.py [N]
+    clients/python/.venv/current/bin/python clients/python/tests/bench_decisions.py [N]
 
 It builds cmd/retryd, starts it on loopback, and prints microseconds per
 decision, each the best of five runs of N decisions (default 2000).

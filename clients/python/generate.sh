@@ -1,79 +1,53 @@
 #!/usr/bin/env bash
-# Regenerates the Python client's generated code from proto/ with the pinned
-# generators, replacing what is there (clean), and writes the version file
-# from the binary's version. Run it from anywhere; CI runs it and fails on
-# any diff (.ci/run).
+# Regenerates the Python client's generated code from proto/ with the
+# pinned generator, replacing what is there (clean), and writes the version
+# file and the licence from the repository's. Run it from anywhere; CI runs
+# it and fails on any diff.
 #
 #   src/retryd/v1/              retryd's API: *_pb2.py, *_pb2.pyi (protoc),
-#                               retry_service_pb2_grpc.py (grpc_python_plugin)
-#   src/retryd/_gen/google/rpc/ google.rpc.Status and the error details
-#                               (ErrorInfo, RetryInfo, BadRequest) that
-#                               retryd attaches to its errors
+#                               retry_service_pb2_grpc.py (the gRPC plugin)
 #   src/retryd/_version.py      the VERSION file (the binary's version), in PEP 440 form
+#   LICENSE                     the repository's LICENSE, for the sdist and wheel
 #
-# The generators are Debian bookworm's: protobuf-compiler 3.21.12 (protoc,
-# whose Python output needs protobuf >= 4.21 at run time, Debian's
-# python3-protobuf) and protobuf-compiler-grpc 1.51.1 (grpc_python_plugin).
-# Other versions write different code, so the script refuses them.
+# The generator is grpcio-tools from PyPI, pinned in
+# requirements/generate.txt (it bundles protoc and the gRPC plugin), in a
+# virtual environment of its own (.venv/generate, made with python3 -m venv
+# and refreshed when the pins change). Why that version: see the pins.
 #
-# The well-known types (google/protobuf/timestamp.proto, duration.proto,
-# any.proto) are not generated: python3-protobuf ships their modules
-# (google.protobuf.timestamp_pb2, ...), and protoc reads their .proto
-# files from /usr/include (Debian's libprotobuf-dev). google/rpc's .proto files are on no
-# Debian machine; their descriptors come from the Go module go.mod pins
-# (google.golang.org/genproto/googleapis/rpc, the package the server builds
-# its error details with), exported by internal/rpcdescriptors for
-# `protoc --descriptor_set_in`. Nothing is fetched but Go modules.
+# Nothing else is generated: the well-known types (google.protobuf.*) come
+# from the protobuf package at run time, and google.rpc (Status and the
+# error details retryd attaches to its errors) from googleapis-common-protos.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+pins="$here/requirements/generate.txt"
+venv="$here/.venv/generate"
 
-want_protoc="libprotoc 3.21.12"
-want_grpc_plugin="1.51.1"
-if [ "$(protoc --version)" != "$want_protoc" ]; then
-  echo "generate.sh: want protoc '$want_protoc' (Debian protobuf-compiler), have '$(protoc --version)'" >&2
-  exit 1
+# The generator environment, made again when its pins change.
+stamp="$venv/.pins.sha256"
+want=$(sha256sum "$pins" | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input -r "$pins"
+  echo "$want" >"$stamp"
 fi
-plugin=$(command -v grpc_python_plugin)
-if [ ! -f /usr/include/google/protobuf/timestamp.proto ]; then
-  echo "generate.sh: protoc's well-known types are missing (/usr/include/google/protobuf/timestamp.proto): apt-get install libprotobuf-dev" >&2
-  exit 1
-fi
-have_plugin=$(dpkg-query -W -f='${Version}' protobuf-compiler-grpc 2>/dev/null || true)
-case "$have_plugin" in
-  "$want_grpc_plugin"-*) ;;
-  *)
-    echo "generate.sh: want protobuf-compiler-grpc $want_grpc_plugin (grpc_python_plugin), have '${have_plugin:-none}'" >&2
-    exit 1
-    ;;
-esac
+py="$venv/bin/python"
 
 src="$here/src"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-rm -rf "$src/retryd/v1" "$src/retryd/_gen"
-mkdir -p "$src/retryd/v1" "$src/retryd/_gen/google/rpc"
+rm -rf "$src/retryd/v1"
+mkdir -p "$src/retryd/v1"
 
 # retryd's API (proto/retryd/v1 only: proto/retryd/state is the servers'
-# storage schema, not something a client speaks).
-(cd "$root/proto" && protoc -I . -I /usr/include \
-  --python_out="$src" --pyi_out="$src" \
-  --plugin=protoc-gen-grpc_python="$plugin" --grpc_python_out="$src" \
+# storage schema, not something a client speaks). `python -m
+# grpc_tools.protoc` adds the well-known types' .proto files it bundles to
+# the include path.
+(cd "$root/proto" && "$py" -m grpc_tools.protoc -I . \
+  --python_out="$src" --pyi_out="$src" --grpc_python_out="$src" \
   retryd/v1/events.proto retryd/v1/policy.proto retryd/v1/retry_service.proto)
 # The plugin writes a module for every file; only retry_service has a service.
 rm -f "$src/retryd/v1/events_pb2_grpc.py" "$src/retryd/v1/policy_pb2_grpc.py"
-
-# google.rpc, from the descriptors of the pinned Go module.
-(cd "$root" && go run ./clients/python/internal/rpcdescriptors) >"$tmp/rpc.binpb"
-protoc --descriptor_set_in="$tmp/rpc.binpb" \
-  --python_out="$tmp" --pyi_out="$tmp" \
-  google/rpc/status.proto google/rpc/error_details.proto
-cp "$tmp"/google/rpc/*_pb2.py "$tmp"/google/rpc/*_pb2.pyi "$src/retryd/_gen/google/rpc/"
-
-for d in "$src/retryd/v1" "$src/retryd/_gen" "$src/retryd/_gen/google" "$src/retryd/_gen/google/rpc"; do
-  printf '# Generated by clients/python/generate.sh. DO NOT EDIT.\n' >"$d/__init__.py"
-done
+printf '# Generated by clients/python/generate.sh. DO NOT EDIT.\n' >"$src/retryd/v1/__init__.py"
 
 # The release version (the VERSION file, which the binary reports), in
 # PEP 440's normal form, as the wheel's version and retryd.__version__.
@@ -82,8 +56,12 @@ if [ -z "$go_version" ]; then
   echo "generate.sh: $root/VERSION is empty" >&2
   exit 1
 fi
-py_version=$(/usr/bin/python3 -c 'import sys; from packaging.version import Version; print(Version(sys.argv[1]))' "$go_version")
+py_version=$("$py" -c 'import sys; from packaging.version import Version; print(Version(sys.argv[1]))' "$go_version")
 cat >"$src/retryd/_version.py" <<PY
 # Generated by clients/python/generate.sh from VERSION ("$go_version"). DO NOT EDIT.
 __version__ = "$py_version"
 PY
+
+# The licence travels in the sdist and the wheel (PEP 639 license-files
+# must lie inside the project directory).
+cp "$root/LICENSE" "$here/LICENSE"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import grpc
 
@@ -56,7 +56,7 @@ def wait_awaiters(client: retryd.Client, session: str, n: int, timeout: float = 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            chains = client.get_chains(session).chains
+            chains: Sequence[pb.Chain] = client.get_chains(session).chains
         except grpc.RpcError:
             chains = []
         if chains and chains[0].latest.status == pb.RETRY_STATUS_PENDING and chains[0].latest.awaiters >= n:

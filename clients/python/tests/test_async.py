@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable, List
+from typing import Awaitable, Callable, List, Sequence
 
 import grpc
 import pytest
@@ -36,7 +36,7 @@ async def awaiting(c: retryd.AsyncClient, session: str) -> None:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:
-            chains = (await c.get_chains(session)).chains
+            chains: Sequence[pb.Chain] = (await c.get_chains(session)).chains
         except grpc.RpcError:
             chains = []
         if chains and chains[0].latest.awaiters >= 1:

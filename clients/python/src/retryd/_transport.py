@@ -180,4 +180,13 @@ def channel_options(options: Sequence[Tuple[str, Any]]) -> Tuple[Tuple[str, Any]
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
+        # grpcio's HTTP/2 transport bounds an unanswered ping by its ping
+        # timeout (a minute by default), not by keepalive_timeout_ms: the
+        # same bound for both, so a silent path is found within
+        # KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS on every grpcio of the
+        # supported range.
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        # Older releases also stop pinging after two pings without data,
+        # and a silent connection carries none: no limit.
+        ("grpc.http2.max_pings_without_data", 0),
     ) + tuple(options)

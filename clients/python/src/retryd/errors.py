@@ -12,11 +12,11 @@ for the grpc.RpcError (sync or grpc.aio), so a wrapped error works too.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import grpc
 
-from ._gen.google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 ErrorInfo = error_details_pb2.ErrorInfo
 RetryInfo = error_details_pb2.RetryInfo
@@ -88,7 +88,7 @@ def rpc_status(err: Optional[BaseException]) -> Optional[status_pb2.Status]:
     rpc = rpc_error(err)
     if rpc is None:
         return None
-    trailers = rpc.trailing_metadata() or ()
+    trailers = cast(Sequence[Tuple[str, Any]], rpc.trailing_metadata() or ())
     for key, value in trailers:
         if key == "grpc-status-details-bin" and isinstance(value, bytes):
             st: status_pb2.Status = status_pb2.Status.FromString(value)

@@ -20,14 +20,15 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, cast
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from . import policy as P
-from ._gen.google.rpc import error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from .v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
 
 #: The prefix of every retry id the client made up itself.
@@ -57,7 +58,7 @@ def is_local(x: "events_pb2.Event | str") -> bool:
     return bool(kind == "closed")
 
 
-class LocalRpcError(grpc.RpcError):  # type: ignore[misc]
+class LocalRpcError(grpc.RpcError):
     """A refusal the local decider makes as the server would (an invalid
     policy, an unknown policy name): a grpc.RpcError with the code and the
     google.rpc details the server would send, so the error helpers
@@ -70,7 +71,7 @@ class LocalRpcError(grpc.RpcError):  # type: ignore[misc]
         st = status_pb2.Status(code=code.value[0], message=message)
         for d in details:
             a = any_pb2.Any()
-            a.Pack(d)
+            a.Pack(cast(Message, d))
             st.details.append(a)
         self._trailers = (("grpc-status-details-bin", st.SerializeToString()),)
 
@@ -80,7 +81,7 @@ class LocalRpcError(grpc.RpcError):  # type: ignore[misc]
     def details(self) -> str:
         return self._message
 
-    def trailing_metadata(self) -> Tuple[Tuple[str, bytes], ...]:
+    def trailing_metadata(self) -> Any:
         return self._trailers
 
     def __str__(self) -> str:

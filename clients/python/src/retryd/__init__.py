@@ -5,12 +5,16 @@ Client (synchronous) and AsyncClient (asyncio, grpc.aio) wrap the
 RetryService with recover(), the agent loop's one call for a failed model
 request; the error helpers read retryd's google.rpc details; render_retry is
 the status-line renderer; classify turns a provider's error into the
-Failure to report; retryd.policy is the server's policy engine, ported. The
-generated messages are in retryd.v1 (events_pb2, policy_pb2,
-retry_service_pb2).
+Failure to report; retryd.policy is the server's policy engine, ported. recover()
+takes plain keyword values (Failure, Policy) or the generated messages,
+which are in retryd.v1 (events_pb2, policy_pb2, retry_service_pb2);
+retryd's refusals are typed exceptions (LimitReachedError, ...);
+retryd.tracing is its OpenTelemetry side and logging.getLogger("retryd")
+its log.
 """
 
-from . import local, policy
+from . import local, policy, tracing
+from ._middleware import CODE_UNKNOWN, classify_exception
 from ._transport import TransportCredentials, insecure, tls, tls_credentials
 from ._version import __version__
 from ._degraded import DEFAULT_DECISION_TIMEOUT
@@ -19,7 +23,12 @@ from .classify import Classification, ErrorKind, ProviderFailure, classify, erro
 from .client import Client
 from .errors import (
     ERROR_DOMAIN,
+    InvalidArgumentError,
+    LimitReachedError,
+    NotAllowedError,
     Reason,
+    RetrydError,
+    RetryPendingError,
     error_info,
     error_reason,
     field_violations,
@@ -44,9 +53,21 @@ from .outcome import (
     StreamEndedError,
 )
 from .render import format_delay, render_retry, retry_denominator
+from .request import Backoff, Failure, Policy
 
 __all__ = [
     "AsyncClient",
+    "Backoff",
+    "CODE_UNKNOWN",
+    "Failure",
+    "InvalidArgumentError",
+    "LimitReachedError",
+    "NotAllowedError",
+    "Policy",
+    "RetryPendingError",
+    "RetrydError",
+    "classify_exception",
+    "tracing",
     "Cancellation",
     "Classification",
     "LocalDecider",

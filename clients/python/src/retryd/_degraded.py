@@ -11,6 +11,7 @@ from typing import Dict, Mapping, Optional
 
 import grpc
 
+from ._log import log
 from .local import DEFAULT_LOCAL_MAX_CHAINS, DEFAULT_LOCAL_RETRY_BUDGET, LocalDecider
 from .v1 import events_pb2, policy_pb2, retry_service_pb2 as pb
 
@@ -58,6 +59,9 @@ class DegradedState:
         # Sessions with a local decision since retryd's last answer.
         self._degraded: "OrderedDict[str, None]" = OrderedDict()
         self._counts: "Counter[str]" = Counter()
+        # Whether the last decision was local: the degraded-mode
+        # transitions are logged once each way, not per call.
+        self._local = False
 
     def count(self, decision: str, local: bool) -> None:
         with self._lock:
@@ -67,10 +71,18 @@ class DegradedState:
         with self._lock:
             return dict(self._counts)
 
-    def decide(self, req: pb.FailedStepRequest) -> pb.FailedStepResponse:
+    def decide(self, req: pb.FailedStepRequest, cause: Optional[BaseException] = None) -> pb.FailedStepResponse:
         """A local decision (LocalDecider.failed_step), counted; the session
         is then degraded until retryd answers for it."""
         resp = self.decider.failed_step(req)
+        with self._lock:
+            entered, self._local = not self._local, True
+        if entered:
+            log.warning(
+                "retryd: no replica answered within %.3gs (%s): deciding locally (degraded mode)",
+                self.decision_timeout,
+                _code(cause),
+            )
         with self._lock:
             self._degraded[req.session_id] = None
             while len(self._degraded) > self._max:
@@ -82,10 +94,20 @@ class DegradedState:
         """Follows a server decision (see LocalDecider.observe)."""
         self.decider.observe(req, resp)
         with self._lock:
+            left, self._local = self._local, False
+        if left:
+            log.info("retryd: retryd answers again: decisions are the server's (degraded mode over)")
+        with self._lock:
             self._degraded.pop(req.session_id, None)
             self._counts[str(resp.decision.WhichOneof("outcome"))] += 1
 
-    def started_locally(self, session: str, retry_id: str) -> None:
+    def started_locally(self, session: str, retry_id: str, cause: Optional[BaseException] = None) -> None:
+        log.warning(
+            "retryd: AwaitRetry %s could not re-attach until %.3gs past its due time (%s): starting the retry locally",
+            retry_id,
+            self.decision_timeout,
+            _code(cause),
+        )
         with self._lock:
             self._started[retry_id] = session
             while len(self._started) > self._max:
@@ -121,3 +143,9 @@ def local_started(schedule: pb.Schedule, scheduled: events_pb2.RetryScheduled) -
     )
     st.started_at.FromNanoseconds(time.time_ns())
     return st
+
+
+def _code(err: Optional[BaseException]) -> str:
+    if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
+        return str(err.code().name)
+    return type(err).__name__ if err is not None else "no answer"

@@ -10,7 +10,8 @@ from typing import Any, Callable, Optional
 
 import grpc
 
-from .errors import retry_delay, status_code
+from ._log import log
+from .errors import is_limit_reached, retry_delay, status_code
 
 
 #: How often a call refused with RESOURCE_EXHAUSTED and a RetryInfo is
@@ -28,6 +29,7 @@ def _delay(err: grpc.RpcError, attempt: int, retries: int, deadline: Optional[fl
     d = delay.total_seconds()
     if deadline is not None and deadline - time.monotonic() < d:
         return None
+    log.info("retryd: admission control refused the call (%s): sending it again in %.3fs", is_limit_reached(err) or "RESOURCE_EXHAUSTED", d)
     return d
 
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional, Sequence, Tuple, cast
+from datetime import datetime
+from typing import Any, AsyncIterator, Optional, Sequence, Tuple, Union, cast
 
 import grpc
 import grpc.aio
 
-from ._base import ClientBase
+from ._base import ClientBase, refused, request_of
+from ._log import log
+from .request import FailureLike, PolicyLike, ReplayLike
+from .tracing import RecoverSpan
 from ._exhausted import honor_retry_info_async
 from ._degraded import local_started, unreachable_code
 from .outcome import (
@@ -23,6 +27,7 @@ from .outcome import (
     jittered,
     reattachable,
 )
+from .client import _why
 from .errors import is_retry_pending, retry_delay, status_code
 from .v1 import events_pb2, retry_service_pb2
 
@@ -71,7 +76,7 @@ class AsyncClient(ClientBase):
     def _open_channel(
         self,
         target: str,
-        credentials: Optional[grpc.aio.ChannelCredentials],
+        credentials: Optional[grpc.ChannelCredentials],
         options: Sequence[Tuple[str, Any]],
     ) -> grpc.aio.Channel:
         if credentials is not None:
@@ -92,14 +97,20 @@ class AsyncClient(ClientBase):
         self, request: pb.FailedStepRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
     ) -> pb.FailedStepResponse:
         """See Client.failed_step."""
-        return cast(
-            pb.FailedStepResponse,
-            await honor_retry_info_async(
-                lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
-                timeout,
-                self._exhausted,
-            ),
-        )
+        try:
+            return cast(
+                pb.FailedStepResponse,
+                await honor_retry_info_async(
+                    lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                    timeout,
+                    self._exhausted,
+                ),
+            )
+        except grpc.RpcError as err:
+            typed = refused(err, "FailedStep", request)
+            if typed is err:
+                raise
+            raise typed from err
 
     async def await_retry(
         self, retry_id: str, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
@@ -120,6 +131,7 @@ class AsyncClient(ClientBase):
         give_up: Optional[float] = None,
     ) -> pb.AwaitRetryResponse:
         backoff = self._reattach_initial
+        err_seen: Optional[BaseException] = None
         while True:
             attached = False
             pause: Optional[float] = None
@@ -135,6 +147,7 @@ class AsyncClient(ClientBase):
                         return cast(pb.AwaitRetryResponse, msg)
                 raise StreamEndedError(f"retryd: AwaitRetry {retry_id} ended without started or cancelled")
             except (grpc.RpcError, StreamEndedError) as err:
+                err_seen = err
                 if deadline.ended(err):
                     raise _TimedOut() from None
                 pause = _exhausted_pause(err)
@@ -146,26 +159,66 @@ class AsyncClient(ClientBase):
                 call.cancel()
             if pause is not None:
                 # The awaiter bounds are full: wait as long as the server asks.
+                log.info("retryd: AwaitRetry %s refused (awaiters full): attaching again in %.3fs", retry_id, pause)
                 left = deadline.remaining()
                 await asyncio.sleep(pause if left is None else min(pause, left))
                 continue
             if attached:
                 backoff = self._reattach_initial
             delay = jittered(backoff)
+            log.info("retryd: AwaitRetry %s broke (%s): re-attaching in %.3fs", retry_id, _why(err_seen), delay)
             left = deadline.remaining()
             await asyncio.sleep(delay if left is None else min(delay, left))
             backoff = min(2 * backoff, self._reattach_max)
 
     async def recover(
-        self, request: pb.FailedStepRequest, *, timeout: Optional[float] = None, traceparent: Optional[str] = None
+        self,
+        request: Optional[pb.FailedStepRequest] = None,
+        *,
+        session_id: Optional[str] = None,
+        turn: Optional[int] = None,
+        step: Optional[int] = None,
+        provider: Optional[str] = None,
+        failure: Optional[FailureLike] = None,
+        code: Optional[str] = None,
+        http_status: Optional[int] = None,
+        message: Optional[str] = None,
+        error: Optional[BaseException] = None,
+        output_shown: bool = False,
+        replay_safe: ReplayLike = None,
+        policy: Optional[PolicyLike] = None,
+        policy_name: Optional[str] = None,
+        logical_turn_id: Optional[str] = None,
+        deadline: Union[datetime, float, None] = None,
+        downstream_declined: bool = False,
+        timeout: Optional[float] = None,
+        traceparent: Optional[str] = None,
     ) -> Outcome:
-        """See Client.recover, degraded mode included. If timeout passes
+        """See Client.recover, degraded mode, the keyword form and the
+        typed refusals included. If timeout passes
         while it waits, it cancels the retry (on the server, or the local
         one) and raises RecoverAbortedError. If its task is cancelled while
         it waits (task.cancel(), asyncio.timeout, asyncio.wait_for), it
         cancels the retry the same way (bounded by cancel_timeout) and
         raises the CancelledError again, so the caller's timeout and task
         group behave as usual."""
+        request = request_of(
+            request,
+            dict(
+                session_id=session_id, turn=turn, step=step, provider=provider, failure=failure, code=code,
+                http_status=http_status, message=message, error=error, output_shown=output_shown,
+                replay_safe=replay_safe, policy=policy, policy_name=policy_name, logical_turn_id=logical_turn_id,
+                deadline=deadline, downstream_declined=downstream_declined,
+            ),
+        )
+        with RecoverSpan(self._tracer, request) as span:
+            out = await self._recover(request, timeout, traceparent, span)
+            span.outcome(out)
+            return out
+
+    async def _recover(
+        self, request: pb.FailedStepRequest, timeout: Optional[float], traceparent: Optional[str], span: RecoverSpan
+    ) -> Outcome:
         deadline = _Deadline(timeout)
         metadata = self._md.for_call(traceparent)
         try:
@@ -174,7 +227,11 @@ class AsyncClient(ClientBase):
             raise TimeoutError("retryd: the call's timeout passed") from None
         except grpc.RpcError as err:
             if self._fail_closed or deadline.over() or not unreachable_code(err):
-                raise
+                typed = refused(err, "the report", request)
+                if typed is err:
+                    raise
+                raise typed from err
+            span.event("retryd unreachable: deciding locally", err)
             return await self._recover_locally(request, deadline, err)
         self._degraded.observe(request, resp)
         outcome = resp.decision.WhichOneof("outcome")
@@ -187,9 +244,10 @@ class AsyncClient(ClientBase):
         try:
             term = await self._await(schedule.retry_id, deadline, metadata, give_up)
         except AwaitUnreachable as lost:
-            self._degraded.started_locally(request.session_id, schedule.retry_id)
+            span.event("retryd unreachable: starting the scheduled retry locally", lost.err)
+            self._degraded.started_locally(request.session_id, schedule.retry_id, lost.err)
             started = local_started(schedule, resp.event.scheduled)
-            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err)
+            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err, local_start=True)
         except _TimedOut:
             raise await self._cancel_waiting(schedule, resp.event, metadata, "timeout") from None
         except asyncio.CancelledError:
@@ -226,7 +284,7 @@ class AsyncClient(ClientBase):
 
     async def _recover_locally(self, request: pb.FailedStepRequest, deadline: _Deadline, cause: grpc.RpcError) -> Outcome:
         """Degraded mode: decides in the process and waits the delay."""
-        resp = self._degraded.decide(request)
+        resp = self._degraded.decide(request, cause)
         if resp.decision.WhichOneof("outcome") == "delegate":
             return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate, local=True, unreachable=cause)
         schedule = resp.decision.schedule

@@ -4,11 +4,15 @@ the agent loop's one call for a failed model request."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional, Sequence, Tuple, cast
+from datetime import datetime
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union, cast
 
 import grpc
 
-from ._base import ClientBase
+from ._base import ClientBase, refused, request_of
+from ._log import log
+from .request import FailureLike, PolicyLike, ReplayLike
+from .tracing import RecoverSpan
 from ._exhausted import honor_retry_info
 from ._degraded import DegradedState, local_started, unreachable_code
 from ._wait import Wait as _Wait, TimedOut as _TimedOut, public as _public
@@ -94,15 +98,23 @@ class Client(ClientBase):
         (schedule or delegate) with its event record. Idempotent per
         (session, turn, step, downstream phase), so it is safe to repeat
         after a transport error. Errors are grpc.RpcError as the server sent
-        them; see is_retry_pending, error_reason and field_violations."""
-        return cast(
-            pb.FailedStepResponse,
-            honor_retry_info(
-                lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
-                timeout,
-                self._exhausted,
-            ),
-        )
+        them, retryd's refusals typed as in recover (LimitReachedError,
+        RetryPendingError, InvalidArgumentError, NotAllowedError); see
+        also is_retry_pending, error_reason and field_violations."""
+        try:
+            return cast(
+                pb.FailedStepResponse,
+                honor_retry_info(
+                    lambda t: self._stub.FailedStep(request, timeout=t, metadata=self._md.for_call(traceparent)),
+                    timeout,
+                    self._exhausted,
+                ),
+            )
+        except grpc.RpcError as err:
+            typed = refused(err, "FailedStep", request)
+            if typed is err:
+                raise
+            raise typed from err
 
     def await_retry(
         self,
@@ -143,6 +155,7 @@ class Client(ClientBase):
         stops re-attaching once that time has passed and raises
         AwaitUnreachable."""
         backoff = self._reattach_initial
+        err_seen: Optional[BaseException] = None
         while True:
             attached = False
             pause: Optional[float] = None
@@ -159,6 +172,7 @@ class Client(ClientBase):
                         return cast(pb.AwaitRetryResponse, msg)
                 raise StreamEndedError(f"retryd: AwaitRetry {retry_id} ended without started or cancelled")
             except (grpc.RpcError, StreamEndedError) as err:
+                err_seen = err
                 ended = wait.ended(err)
                 if ended is not None:
                     raise ended from None
@@ -172,17 +186,36 @@ class Client(ClientBase):
                 call.cancel()
             if pause is not None:
                 # The awaiter bounds are full: wait as long as the server asks.
+                log.info("retryd: AwaitRetry %s refused (awaiters full): attaching again in %.3fs", retry_id, pause)
                 wait.sleep(pause)
                 continue
             if attached:
                 backoff = self._reattach_initial
-            wait.sleep(jittered(backoff))
+            delay = jittered(backoff)
+            log.info("retryd: AwaitRetry %s broke (%s): re-attaching in %.3fs", retry_id, _why(err_seen), delay)
+            wait.sleep(delay)
             backoff = min(2 * backoff, self._reattach_max)
 
     def recover(
         self,
-        request: pb.FailedStepRequest,
+        request: Optional[pb.FailedStepRequest] = None,
         *,
+        session_id: Optional[str] = None,
+        turn: Optional[int] = None,
+        step: Optional[int] = None,
+        provider: Optional[str] = None,
+        failure: Optional[FailureLike] = None,
+        code: Optional[str] = None,
+        http_status: Optional[int] = None,
+        message: Optional[str] = None,
+        error: Optional[BaseException] = None,
+        output_shown: bool = False,
+        replay_safe: ReplayLike = None,
+        policy: Optional[PolicyLike] = None,
+        policy_name: Optional[str] = None,
+        logical_turn_id: Optional[str] = None,
+        deadline: Union[datetime, float, None] = None,
+        downstream_declined: bool = False,
         timeout: Optional[float] = None,
         cancel: Optional[Cancellation] = None,
         traceparent: Optional[str] = None,
@@ -206,9 +239,12 @@ class Client(ClientBase):
         learned of, which the session's next report names
         (is_retry_pending) and which is otherwise cancelled as abandoned.
 
-        Server errors are grpc.RpcError raised as is: a report for a
-        session that still has a pending retry fails with
-        FAILED_PRECONDITION, and is_retry_pending(err) names that retry.
+        retryd's refusals are raised typed (each also a grpc.RpcError):
+        retryd.LimitReachedError (admission control, with the delay retryd
+        asked for, after exhausted_retries sends), RetryPendingError (the
+        session still has a pending retry: retry_id),
+        InvalidArgumentError (also a ValueError: violations) and
+        NotAllowedError; other server errors are grpc.RpcError as is.
 
         Degraded mode, as the Go client's Recover: when no replica answers
         the report within decision_timeout (UNAVAILABLE after gRPC's own
@@ -224,7 +260,48 @@ class Client(ClientBase):
         A later report that retryd refuses with RETRY_PENDING for a retry
         the client started by itself, or for a session it decided locally
         since retryd's last answer, awaits that retry (which records its
-        start) and reports again. fail_closed turns degraded mode off."""
+        start) and reports again. fail_closed turns degraded mode off.
+
+        It takes the report as keyword arguments with plain values, or as
+        a FailedStepRequest (``recover(request)``), not both:
+        session_id, turn, step and provider, then what failed: ``failure``
+        (a retryd.Failure, a dict of its fields, or a Failure message), or
+        ``code`` (with ``http_status`` and ``message``), or ``error``, the
+        exception the model call raised, classified by
+        retryd.classify_exception (an exception no rule knows is reported
+        as UNKNOWN). ``output_shown`` (streamed output of the attempt was
+        shown: a replay is unsafe) or ``replay_safe`` set the replay;
+        ``policy`` (a retryd.Policy, a dict of its fields, or a
+        RetryPolicy) or ``policy_name`` the policy; ``logical_turn_id``,
+        ``deadline`` (an aware datetime or seconds since the epoch) and
+        ``downstream_declined`` the rest. A value of the wrong type raises
+        TypeError, one out of range ValueError, before anything is sent.
+
+        With opentelemetry-api installed it records a ``retryd.recover``
+        span (see retryd.tracing), current while it runs, so retryd's
+        decision spans are its children."""
+        request = request_of(
+            request,
+            dict(
+                session_id=session_id, turn=turn, step=step, provider=provider, failure=failure, code=code,
+                http_status=http_status, message=message, error=error, output_shown=output_shown,
+                replay_safe=replay_safe, policy=policy, policy_name=policy_name, logical_turn_id=logical_turn_id,
+                deadline=deadline, downstream_declined=downstream_declined,
+            ),
+        )
+        with RecoverSpan(self._tracer, request) as span:
+            out = self._recover(request, timeout, cancel, traceparent, span)
+            span.outcome(out)
+            return out
+
+    def _recover(
+        self,
+        request: pb.FailedStepRequest,
+        timeout: Optional[float],
+        cancel: Optional[Cancellation],
+        traceparent: Optional[str],
+        span: RecoverSpan,
+    ) -> Outcome:
         wait = _Wait(timeout, cancel)
         metadata = self._md.for_call(traceparent)
         try:
@@ -233,7 +310,11 @@ class Client(ClientBase):
             raise _public(e) from None
         except grpc.RpcError as err:
             if self._fail_closed or wait.over() or not unreachable_code(err):
-                raise
+                typed = refused(err, "the report", request)
+                if typed is err:
+                    raise
+                raise typed from err
+            span.event("retryd unreachable: deciding locally", err)
             return self._recover_locally(request, wait, err)
         self._degraded.observe(request, resp)
         outcome = resp.decision.WhichOneof("outcome")
@@ -246,9 +327,10 @@ class Client(ClientBase):
         try:
             term = self._await(schedule.retry_id, wait, metadata, give_up)
         except AwaitUnreachable as lost:
-            self._degraded.started_locally(request.session_id, schedule.retry_id)
+            span.event("retryd unreachable: starting the scheduled retry locally", lost.err)
+            self._degraded.started_locally(request.session_id, schedule.retry_id, lost.err)
             started = local_started(schedule, resp.event.scheduled)
-            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err)
+            return Outcome(kind="retry", event=resp.event, schedule=schedule, started=started, local=True, unreachable=lost.err, local_start=True)
         except _TimedOut:
             raise self._cancel_waiting(schedule, resp.event, metadata, "timeout") from None
         except OperationCancelled:
@@ -290,7 +372,7 @@ class Client(ClientBase):
 
     def _recover_locally(self, request: pb.FailedStepRequest, wait: _Wait, cause: grpc.RpcError) -> Outcome:
         """Degraded mode: decides in the process and waits the delay."""
-        resp = self._degraded.decide(request)
+        resp = self._degraded.decide(request, cause)
         if resp.decision.WhichOneof("outcome") == "delegate":
             return Outcome(kind="delegate", event=resp.event, delegate=resp.decision.delegate, local=True, unreachable=cause)
         schedule = resp.decision.schedule
@@ -467,3 +549,10 @@ def _exhausted_pause(err: BaseException) -> Optional[float]:
         return None
     delay = retry_delay(err)
     return None if delay is None else delay.total_seconds()
+
+
+def _why(err: Optional[BaseException]) -> str:
+    """A short account of a broken AwaitRetry stream, for the log."""
+    if isinstance(err, grpc.RpcError) and hasattr(err, "code"):
+        return str(err.code().name)
+    return type(err).__name__ if err is not None else "ended"

@@ -225,3 +225,111 @@ __all__: List[str] = [
     "rpc_status",
     "status_code",
 ]
+
+
+class RetrydError(grpc.RpcError):
+    """A call that retryd answered with an error it explains (an ErrorInfo
+    reason, field violations): the typed form of the grpc.RpcError, which
+    it stays (``code()``, ``details()`` and ``trailing_metadata()`` are the
+    call's, and the original error is ``rpc_error`` and ``__cause__``), so
+    code that catches grpc.RpcError and the helpers above work unchanged.
+
+    recover() and failed_step() raise one of its subclasses for retryd's
+    refusals: LimitReachedError, RetryPendingError, InvalidArgumentError,
+    NotAllowedError."""
+
+    def __init__(self, err: grpc.RpcError) -> None:
+        self.rpc_error = err
+        self.reason: Optional[str] = error_reason(err)
+        code = status_code(err)
+        self._code = code if code is not None else grpc.StatusCode.UNKNOWN
+        text = self.details() or ""
+        super().__init__(f"retryd: {self._code.name}" + (f" {self.reason}" if self.reason else "") + (f": {text}" if text else ""))
+
+    def code(self) -> grpc.StatusCode:
+        """The call's gRPC status code."""
+        return self._code
+
+    def details(self) -> Optional[str]:
+        """The call's status message."""
+        fn = getattr(self.rpc_error, "details", None)
+        return str(fn()) if callable(fn) else None
+
+    def trailing_metadata(self) -> Any:
+        """The call's trailing metadata (with retryd's google.rpc.Status)."""
+        fn = getattr(self.rpc_error, "trailing_metadata", None)
+        return fn() if callable(fn) else ()
+
+
+class LimitReachedError(RetrydError):
+    """retryd's admission control refused the call (RESOURCE_EXHAUSTED,
+    reason LIMIT_REACHED) and recorded nothing: ``bound`` names the full
+    bound (for example "pending_retries_per_tenant"), ``delay`` (a
+    timedelta, or None) is how long retryd asked the caller to wait before
+    sending it again (google.rpc.RetryInfo), ``retry_after`` the same in
+    seconds. The client has already sent it again as often as its
+    ``exhausted_retries`` allowed."""
+
+    def __init__(self, err: grpc.RpcError) -> None:
+        super().__init__(err)
+        self.bound: str = is_limit_reached(err) or ""
+        self.delay: Optional[timedelta] = retry_delay(err)
+        self.retry_after: Optional[float] = None if self.delay is None else self.delay.total_seconds()
+
+
+class RetryPendingError(RetrydError):
+    """retryd refused a report because the session has a scheduled retry
+    that has not started (FAILED_PRECONDITION, RETRY_PENDING):
+    ``retry_id`` names it; await or cancel it first."""
+
+    def __init__(self, err: grpc.RpcError) -> None:
+        super().__init__(err)
+        self.retry_id: str = is_retry_pending(err) or ""
+
+
+class InvalidArgumentError(RetrydError, ValueError):
+    """retryd refused a request as malformed (INVALID_ARGUMENT) and changed
+    nothing: ``violations`` maps each bad field's path (for example
+    "failure.code") to what is wrong with it. Also a ValueError."""
+
+    def __init__(self, err: grpc.RpcError) -> None:
+        super().__init__(err)
+        self.violations: Dict[str, str] = field_violations(err) or {}
+
+
+class NotAllowedError(RetrydError):
+    """The caller's tenant may not use the provider (``provider``) or
+    select the policy (``policy_name``) it named (PERMISSION_DENIED);
+    nothing was recorded: hand the failure to the next recovery policy."""
+
+    def __init__(self, err: grpc.RpcError) -> None:
+        super().__init__(err)
+        self.provider: Optional[str] = is_provider_not_allowed(err)
+        self.policy_name: Optional[str] = is_policy_not_allowed(err)
+
+
+def typed_error(err: BaseException) -> BaseException:
+    """The RetrydError subclass for one of retryd's refusals (err itself
+    when it is none of them, or already typed)."""
+    if isinstance(err, RetrydError) or not isinstance(err, grpc.RpcError) or not hasattr(err, "code"):
+        return err
+    code = status_code(err)
+    if code == grpc.StatusCode.INVALID_ARGUMENT and field_violations(err) is not None:
+        return InvalidArgumentError(err)
+    if is_limit_reached(err) is not None:
+        return LimitReachedError(err)
+    if is_retry_pending(err) is not None:
+        return RetryPendingError(err)
+    if is_provider_not_allowed(err) is not None or is_policy_not_allowed(err) is not None:
+        return NotAllowedError(err)
+    return err
+
+
+__all__ += [
+    "InvalidArgumentError",
+    "LimitReachedError",
+    "NotAllowedError",
+    "RetryPendingError",
+    "RetrydError",
+    "typed_error",
+]

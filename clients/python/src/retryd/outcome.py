@@ -47,6 +47,10 @@ class Outcome:
     local: bool = False
     unreachable: Optional[BaseException] = None
     """The error that made the client act locally, when local is True."""
+    local_start: bool = False
+    """The retry is retryd's (scheduled by the server), but the client
+    started it by itself: its AwaitRetry could not re-attach until the
+    decision timeout after its due time (local is True too)."""
 
     @property
     def retry(self) -> bool:

@@ -14,12 +14,11 @@ its log.
 """
 
 from . import local, policy, tracing
-from ._middleware import CODE_UNKNOWN, classify_exception
 from ._transport import TransportCredentials, insecure, tls, tls_credentials
 from ._version import __version__
 from ._degraded import DEFAULT_DECISION_TIMEOUT
 from .aio import AsyncClient
-from .classify import Classification, ErrorKind, ProviderFailure, classify, error_kind_of
+from .classify import CODE_UNKNOWN, Classification, ErrorKind, ProviderFailure, classify, classify_exception, error_kind_of
 from .client import Client
 from .errors import (
     ERROR_DOMAIN,

@@ -40,7 +40,7 @@ from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional,
 import grpc
 
 from .aio import AsyncClient
-from .classify import Classification, ProviderFailure, classify
+from .classify import CODE_UNKNOWN, Classification, ProviderFailure, classify, classify_exception, exception_chain
 from .client import Client
 from .errors import error_reason, is_limit_reached, retry_delay, status_code
 from .outcome import Outcome
@@ -149,7 +149,7 @@ def decision_error(exc: BaseException) -> Optional[DecisionError]:
     """The DecisionError exc is or wraps (``__cause__``/``__context__``):
     some SDK releases wrap what their HTTP client raised in their own
     connection error."""
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         if isinstance(e, DecisionError):
             return e
     return None
@@ -193,74 +193,6 @@ def delegate_reason(x: Any) -> Optional[str]:
     DELEGATE_REASON_REPLAY_UNSAFE, or None."""
     out = outcome_of(x)
     return reason_of(out) if out is not None else None
-
-
-#: The code of a failure whose exception the classifier does not know:
-#: no default policy retries it.
-CODE_UNKNOWN = "UNKNOWN"
-
-# Exceptions of HTTP clients and SDKs that are transport failures, by class
-# name (none of them is a dependency).
-_TRANSPORT_NAMES = frozenset({
-    "TransportError", "NetworkError", "ConnectError", "ReadError", "WriteError", "CloseError", "ProtocolError",
-    "RemoteProtocolError", "LocalProtocolError", "TimeoutException", "ConnectTimeout", "ReadTimeout", "WriteTimeout",
-    "PoolTimeout", "ProxyError", "APIConnectionError", "APITimeoutError", "APIUserAbortError", "Timeout",
-    "ServerDisconnectedError", "ClientConnectionError", "ClientPayloadError", "ChunkedEncodingError", "IncompleteRead",
-})
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: Set[int] = set()
-    e: Optional[BaseException] = exc
-    while e is not None and id(e) not in seen and len(seen) < 8:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ if e.__cause__ is not None else e.__context__
-
-
-def classify_exception(exc: BaseException, *, output_shown: bool = False) -> Classification:
-    """The Failure and Replay to report for an exception a model call
-    raised: an SDK's status error (``status_code``, the response's headers,
-    the error body: openai, anthropic, litellm), an SDK's stream error event
-    (no status: the stream's 200), a transport failure (refused, reset,
-    DNS, TLS, timeouts, a broken stream, a cancellation: the shared rules
-    of retryd.classify), and for any other exception code UNKNOWN, which no
-    default policy retries. It never raises."""
-    try:
-        return _classify_exception(exc, output_shown)
-    except Exception:  # noqa: BLE001: a classification must never fail the agent
-        return _unknown(exc, output_shown)
-
-
-def _unknown(exc: BaseException, output_shown: bool) -> Classification:
-    try:
-        text = f"{type(exc).__name__}: {exc}"
-    except Exception:  # noqa: BLE001: a __str__ that raises
-        text = type(exc).__name__
-    failure = events_pb2.Failure(code=CODE_UNKNOWN, message=text.encode("utf-8", "replace")[:4000].decode("utf-8", "ignore"))
-    return Classification(failure, events_pb2.REPLAY_UNSAFE if output_shown else events_pb2.REPLAY_SAFE)
-
-
-def _classify_exception(exc: BaseException, shown: bool) -> Classification:
-    for e in _chain(exc):
-        status = getattr(e, "status_code", None)
-        body = getattr(e, "body", None)
-        if isinstance(body, dict) and "error" not in body:
-            body = {"error": body}
-        if isinstance(status, int) and not isinstance(status, bool) and status > 0:
-            response = getattr(e, "response", None)
-            headers = getattr(response, "headers", None)
-            if body is None and response is not None:
-                with contextlib.suppress(Exception):
-                    body = response.text
-            return classify(ProviderFailure(http_status=status, headers=headers, body=body, output_shown=shown))
-        if isinstance(body, dict) and type(e).__name__ == "APIError":  # an error event inside a 200 stream
-            return classify(ProviderFailure(http_status=200, body=body, output_shown=shown))
-    for e in _chain(exc):
-        if isinstance(e, (OSError, EOFError, TimeoutError, asyncio.CancelledError, KeyboardInterrupt)) or \
-                type(e).__name__ in _TRANSPORT_NAMES:
-            return classify(ProviderFailure(error=exc, output_shown=shown))
-    return _unknown(exc, shown)
 
 
 def empty_completion(data: bytes) -> bool:
@@ -552,7 +484,10 @@ class Retrier:
 
 
 class _ExceptionFailure(ProviderFailure):
-    """A failure whose exception is classified by classify_exception."""
+    """An attempt that raised instead of answering: its exception is
+    classified by classify_exception, the classifier recover(error=) and
+    Failure.from_exception use (a transport error by the shared rules, an
+    SDK's status error by its status, anything else UNKNOWN)."""
 
     def __init__(self, err: BaseException) -> None:
         super().__init__(error=err)
@@ -625,8 +560,6 @@ class _SyncCall:
     def attempt(self, step: int) -> _Attempt:
         try:
             response = self.inner.handle_request(self.request)
-        except self.hx.TransportError as err:
-            return None, err, ProviderFailure(error=err)
         except Exception as err:  # noqa: BLE001: reported as what it is (UNKNOWN if unknown), then raised
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:
@@ -775,8 +708,6 @@ class _AsyncCall:
     async def attempt(self, step: int) -> _Attempt:
         try:
             response = await self.inner.handle_async_request(self.request)
-        except self.hx.TransportError as err:
-            return None, err, ProviderFailure(error=err)
         except Exception as err:  # noqa: BLE001: reported as what it is (UNKNOWN if unknown), then raised
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:

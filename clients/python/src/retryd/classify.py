@@ -5,12 +5,15 @@ every retryd client shares (docs/clients.md, "Classifying provider
 errors"; vectors in testdata/classify, run by tests/test_classify.py).
 
 Nothing here depends on a provider's SDK: give classify() what the agent
-saw, from any HTTP client.
+saw, from any HTTP client. classify_exception() is the one classifier of an
+exception a model call raised: recover(error=), Failure.from_exception and
+the SDK middleware (retryd.openai, ...) all use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http
 import json
 import math
@@ -18,7 +21,7 @@ import re
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Optional, Set, Union
+from typing import Any, Iterator, Literal, Mapping, Optional, Set, Union
 
 from .v1 import events_pb2, retry_service_pb2
 
@@ -282,3 +285,73 @@ def classify(f: ProviderFailure) -> Classification:
         label = f"HTTP {status} {label}"
     failure.message = _failure_message(label, detail)
     return Classification(failure, replay)
+
+
+#: The code of a failure whose exception the classifier does not know:
+#: no default policy retries it.
+CODE_UNKNOWN = "UNKNOWN"
+
+# Exceptions of HTTP clients and SDKs that are transport failures, by class
+# name (none of them is a dependency).
+_TRANSPORT_NAMES = frozenset({
+    "TransportError", "NetworkError", "ConnectError", "ReadError", "WriteError", "CloseError", "ProtocolError",
+    "RemoteProtocolError", "LocalProtocolError", "TimeoutException", "ConnectTimeout", "ReadTimeout", "WriteTimeout",
+    "PoolTimeout", "ProxyError", "APIConnectionError", "APITimeoutError", "APIUserAbortError", "Timeout",
+    "ServerDisconnectedError", "ClientConnectionError", "ClientPayloadError", "ChunkedEncodingError", "IncompleteRead",
+})
+
+
+def exception_chain(exc: BaseException) -> Iterator[BaseException]:
+    """exc, then what it wraps (``__cause__``, else ``__context__``), at
+    most 8 deep and without cycles."""
+    seen: Set[int] = set()
+    e: Optional[BaseException] = exc
+    while e is not None and id(e) not in seen and len(seen) < 8:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
+
+
+def classify_exception(exc: BaseException, *, output_shown: bool = False) -> Classification:
+    """The Failure and Replay to report for an exception a model call
+    raised: an SDK's status error (``status_code``, the response's headers,
+    the error body: openai, anthropic, litellm), an SDK's stream error event
+    (no status: the stream's 200), a transport failure (refused, reset,
+    DNS, TLS, timeouts, a broken stream, a cancellation: the shared rules
+    of retryd.classify), and for any other exception code UNKNOWN, which no
+    default policy retries. It never raises."""
+    try:
+        return _classify_exception(exc, output_shown)
+    except Exception:  # noqa: BLE001: a classification must never fail the agent
+        return _unknown(exc, output_shown)
+
+
+def _unknown(exc: BaseException, output_shown: bool) -> Classification:
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # noqa: BLE001: a __str__ that raises
+        text = type(exc).__name__
+    failure = events_pb2.Failure(code=CODE_UNKNOWN, message=text.encode("utf-8", "replace")[:4000].decode("utf-8", "ignore"))
+    return Classification(failure, events_pb2.REPLAY_UNSAFE if output_shown else events_pb2.REPLAY_SAFE)
+
+
+def _classify_exception(exc: BaseException, shown: bool) -> Classification:
+    for e in exception_chain(exc):
+        status = getattr(e, "status_code", None)
+        body = getattr(e, "body", None)
+        if isinstance(body, dict) and "error" not in body:
+            body = {"error": body}
+        if isinstance(status, int) and not isinstance(status, bool) and status > 0:
+            response = getattr(e, "response", None)
+            headers = getattr(response, "headers", None)
+            if body is None and response is not None:
+                with contextlib.suppress(Exception):
+                    body = response.text
+            return classify(ProviderFailure(http_status=status, headers=headers, body=body, output_shown=shown))
+        if isinstance(body, dict) and type(e).__name__ == "APIError":  # an error event inside a 200 stream
+            return classify(ProviderFailure(http_status=200, body=body, output_shown=shown))
+    for e in exception_chain(exc):
+        if isinstance(e, (OSError, EOFError, TimeoutError, asyncio.CancelledError, KeyboardInterrupt)) or \
+                type(e).__name__ in _TRANSPORT_NAMES:
+            return classify(ProviderFailure(error=exc, output_shown=shown))
+    return _unknown(exc, shown)

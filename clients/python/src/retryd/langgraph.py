@@ -39,7 +39,6 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.types import RetryPolicy
 
 from ._middleware import (
-    CODE_UNKNOWN,
     OUTCOME_KEY,
     DecisionError,
     decision_error,
@@ -47,13 +46,12 @@ from ._middleware import (
     Turn,
     _refused,
     _session,
-    classify_exception,
     delegate_reason,
     outcome_of,
     session,
 )
 from .aio import AsyncClient
-from .classify import Classification
+from .classify import CODE_UNKNOWN, Classification, classify_exception
 from .client import Client
 from .outcome import Outcome
 from .v1 import policy_pb2, retry_service_pb2 as pb

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal, Mapping, Optional, Sequence, Tuple, Union
 
-from .classify import Classification
+from .classify import Classification, classify_exception
 from .v1 import events_pb2, policy_pb2, retry_service_pb2
 
 _UINT32 = 2**32 - 1
@@ -90,8 +90,6 @@ class Failure:
         retryd.classify_exception): an SDK's status error, a transport
         failure, or, for an exception no rule knows, code UNKNOWN. It never
         raises."""
-        from ._middleware import classify_exception
-
         return cls.from_proto(classify_exception(exc, output_shown=output_shown).failure)
 
 
@@ -265,8 +263,6 @@ def failed_step_request(
     if error is not None:
         if not isinstance(error, BaseException):
             raise TypeError(f"retryd: error must be an exception, not {type(error).__name__}")
-        from ._middleware import classify_exception
-
         c: Classification = classify_exception(error, output_shown=output_shown)
         c.apply(req)
     elif failure is not None:

@@ -3,12 +3,18 @@ suites share (each suite uses its own session ids)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+# LiteLLM fetches its model price list from the network when it is
+# imported unless told to use the copy it ships; the suites reach nothing
+# but loopback.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))

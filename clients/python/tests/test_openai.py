@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from typing import Iterator, List
 
+import grpc
 import openai
 import pytest
 
@@ -218,6 +219,9 @@ def test_a_retryd_refusal_raises_with_the_delay_it_asked_for(limited: RetrydServ
             c.cancel_retry(held.retry_id)
     e = ro.decision_error(err.value)
     assert isinstance(e, ro.LimitReachedError)
+    # The same refusal type recover() raises, and the gRPC error it was.
+    assert isinstance(e, retryd.LimitReachedError) and isinstance(e, grpc.RpcError)
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and e.retry_after == 1.0
     assert e.reason == "LIMIT_REACHED" and e.bound == "pending_retries"
     assert e.delay is not None and e.delay.total_seconds() == 1.0
     assert e.classification.failure.code == "SERVER" and e.response is not None and e.response.status_code == 503

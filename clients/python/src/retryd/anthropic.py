@@ -16,10 +16,10 @@ recover(): on retry the request is sent again after retryd's Started; on a
 delegation the SDK raises its own error for the provider's answer, and
 ``delegate_reason(err)`` / ``outcome_of(err)`` read retryd's answer from it.
 Anthropic's ``529 overloaded_error`` is SERVER, an ``event: error`` inside a
-stream is classified by its error type. A retryd refusal (LIMIT_REACHED and
-the like) raises ``DecisionError``
-(``LimitReachedError``) with the delay retryd asked for. See
-retryd._middleware for streams and numbering.
+stream is classified by its error type. A retryd refusal raises
+``DecisionError``, as the subclass that is also recover()'s typed refusal
+(``LimitReachedError``, a ``retryd.LimitReachedError``, with the delay
+retryd asked for). See retryd._middleware for streams and numbering.
 """
 
 from __future__ import annotations

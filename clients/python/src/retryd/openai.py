@@ -15,8 +15,9 @@ empty completion, a transport error) is classified and reported with
 recover(): on retry the request is sent again after retryd's Started; on a
 delegation the SDK raises its own error for the provider's answer, and
 ``delegate_reason(err)`` / ``outcome_of(err)`` read retryd's answer from it.
-A retryd refusal (LIMIT_REACHED and the like) raises ``DecisionError``
-(``LimitReachedError``) with the delay retryd asked for. See
+A retryd refusal raises ``DecisionError``, as the subclass that is also
+recover()'s typed refusal (``LimitReachedError``, a
+``retryd.LimitReachedError``, with the delay retryd asked for). See
 retryd._middleware for streams and numbering.
 """
 

@@ -30,7 +30,16 @@ attempts and decisions), retrier (the Retrier and its transports), errors
 attached for the caller).
 """
 
-from .errors import DecisionError, DelegatedError, LimitReachedError, decision_error, refused as _refused
+from .errors import (
+    DecisionError,
+    DelegatedError,
+    InvalidArgumentError,
+    LimitReachedError,
+    NotAllowedError,
+    RetryPendingError,
+    decision_error,
+    refused as _refused,
+)
 from .numbering import Turn, TurnFunc, _session, session
 from .outcome import HEADER_DELEGATE_DETAIL, HEADER_DELEGATE_REASON, HEADER_LOCAL, OUTCOME_KEY, delegate_reason, outcome_of, reason_of
 from .retrier import Retrier, sdk_options
@@ -42,9 +51,12 @@ __all__ = [
     "HEADER_DELEGATE_DETAIL",
     "HEADER_DELEGATE_REASON",
     "HEADER_LOCAL",
+    "InvalidArgumentError",
     "LimitReachedError",
+    "NotAllowedError",
     "OUTCOME_KEY",
     "Retrier",
+    "RetryPendingError",
     "Turn",
     "TurnFunc",
     "_refused",

@@ -165,3 +165,67 @@ def test_without_a_span_no_traceparent_is_sent() -> None:
     assert tracing.attempt_links(None) == []
     assert tracing.attempt_links(events_pb2.RetryStarted()) == []
     assert tracing.attempt_links(events_pb2.RetryStarted(traceparent="00-" + "0" * 32 + "-b7ad6b7169203331-01")) == []
+
+
+def test_the_openai_middleware_records_the_same_spans(
+    traced: RetrydServer, spans: Tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    """Model calls through retryd.openai (503, 503, then the answer; then a
+    stream cut before any token, then the answer) record the spans of
+    recover() and retryd.tracing: each call one trace under a ``logical
+    turn`` span, an ``llm.attempt`` per attempt linked to the backoff span
+    of retryd's Started record for it, and recover()'s ``retryd.recover``
+    span under the attempt whose failure it reported."""
+    import openai
+
+    import retryd.openai as ro
+    from fakeprovider import UNAVAILABLE, FakeProvider, complete, stream_cut
+    from helpers import backoff_policy, watch_session
+
+    tp, exporter = spans
+    s = "py-trace-openai-" + uuid.uuid4().hex[:8]
+    with retryd.Client(traced.addr, credentials=retryd.insecure(), tracer_provider=tp) as client:
+        r = ro.Retrier(client, policy=backoff_policy(20))
+        with FakeProvider(UNAVAILABLE, UNAVAILABLE, complete("hello"), stream_cut(()), complete("again")) as p:
+            sdk = openai.OpenAI(base_url=p.base_url + "/v1", api_key="test", **r.client_options())
+            with ro.session(s):
+                out = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+                assert out.choices[0].message.content == "hello"
+                stream = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+                assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "again"
+                stream.close()
+        started = [e.started for e in watch_session(client, s) if e.HasField("started")]
+
+    finished = exporter.get_finished_spans()
+    turns = sorted(named(finished, "logical turn"), key=lambda x: x.start_time or 0)
+    assert [dict(t.attributes or {}) for t in turns] == [
+        {"retryd.logical_turn.id": f"{s}/1"}, {"retryd.logical_turn.id": f"{s}/2"}]
+    assert turns[0].context.trace_id != turns[1].context.trace_id
+    recovers = named(finished, "retryd.recover")
+    assert len(recovers) == 3
+    for turn, n_attempts in zip(turns, (3, 2)):
+        trace_id = turn.context.trace_id
+        attempts = sorted((a for a in named(finished, "llm.attempt") if a.context.trace_id == trace_id),
+                          key=lambda x: x.start_time or 0)
+        assert len(attempts) == n_attempts
+        for n, a in enumerate(attempts, 1):
+            assert a.parent is not None and a.parent.span_id == turn.context.span_id, "an attempt not a child of its turn"
+            assert a.attributes is not None and a.attributes["retryd.attempt"] == n and a.attributes["retryd.step"] == n
+            assert a.attributes["gen_ai.provider.name"] == "openai" and a.attributes["retryd.session.id"] == s
+        assert list(attempts[0].links) == []
+        for n, a in enumerate(attempts[1:], 1):
+            # retryd's Started record of the retry carries its backoff span,
+            # in the call's trace; the retry's attempt links it.
+            assert a.attributes is not None and a.attributes["retryd.retry.number"] == n
+            st = [x for x in started if x.retry_id == a.attributes["retryd.retry.id"]]
+            assert len(st) == 1 and st[0].traceparent, "no Started with a traceparent for the attempt's retry"
+            assert parse(st[0].traceparent)[0] == trace_id, "retryd's backoff span is not in the call's trace"
+            [link] = list(a.links)
+            assert (link.context.trace_id, link.context.span_id) == parse(st[0].traceparent)
+            assert link.attributes is not None and dict(link.attributes) == {"retryd.link": "backoff"}
+        for a in attempts[:-1]:
+            [rec] = [x for x in recovers if x.parent is not None and x.parent.span_id == a.context.span_id]
+            attrs: Dict[str, object] = dict(rec.attributes or {})
+            assert attrs["retryd.decision"] == "schedule" and attrs["retryd.session.id"] == s
+        assert attempts[-1].end_time is not None and turn.end_time is not None
+        assert attempts[-1].end_time <= turn.end_time

@@ -114,6 +114,42 @@ def attempt_links(started: Optional[events_pb2.RetryStarted]) -> List["Link"]:
     return [_otel_trace.Link(sc, {LINK_ATTRIBUTE: LINK_BACKOFF})]
 
 
+def turn_span(tracer: "Tracer", logical_turn_id: str, *, context: Any = None) -> "Span":
+    """Starts (without making it current) the span of one logical turn,
+    ``logical turn`` with retryd.logical_turn.id, under context (default:
+    the current one). start_turn is this as a block; the SDK middleware
+    holds one open across a stream the SDK reads later."""
+    return tracer.start_span(SPAN_TURN, context=context, attributes={LOGICAL_TURN_ATTRIBUTE: logical_turn_id})
+
+
+def attempt_span(
+    tracer: "Tracer",
+    *,
+    session_id: str,
+    turn: int,
+    step: int,
+    provider: str,
+    attempt: int,
+    started: Optional[events_pb2.RetryStarted] = None,
+    context: Any = None,
+) -> "Span":
+    """Starts (without making it current) one provider attempt's span,
+    ``llm.attempt``, linked to the backoff span of started (the Started of
+    the retry it is; None for the first attempt), with the TypeScript
+    middleware's attributes, under context (default: the current one)."""
+    attrs: Dict[str, Any] = {
+        "retryd.session.id": session_id,
+        "retryd.turn": turn,
+        "retryd.step": step,
+        "gen_ai.provider.name": provider,
+        "retryd.attempt": attempt,
+    }
+    if started is not None:
+        attrs["retryd.retry.id"] = started.retry_id
+        attrs["retryd.retry.number"] = started.retry_number
+    return tracer.start_span(SPAN_ATTEMPT, context=context, links=attempt_links(started), attributes=attrs)
+
+
 @contextlib.contextmanager
 def start_turn(logical_turn_id: str, *, tracer_provider: Optional["TracerProvider"] = None) -> Iterator[Optional["Span"]]:
     """Opens the span of one logical turn (``logical turn``, attribute
@@ -124,7 +160,7 @@ def start_turn(logical_turn_id: str, *, tracer_provider: Optional["TracerProvide
     if tracer is None:
         yield None
         return
-    with tracer.start_as_current_span(SPAN_TURN, attributes={LOGICAL_TURN_ATTRIBUTE: logical_turn_id}) as span:
+    with _otel_trace.use_span(turn_span(tracer, logical_turn_id), end_on_exit=True) as span:
         yield span
 
 
@@ -139,27 +175,18 @@ def start_attempt(
     started: Optional[events_pb2.RetryStarted] = None,
     tracer_provider: Optional["TracerProvider"] = None,
 ) -> Iterator[Optional["Span"]]:
-    """Opens one provider attempt's span (``llm.attempt``) as the current
-    span, linked to the backoff span of started (the Started of the retry
-    it is; None for the first attempt), with the TypeScript middleware's
-    attributes. An exception raised in the block marks the span as an
-    error. Yields the span (None without opentelemetry-api)."""
+    """Opens one provider attempt's span (``llm.attempt``, see
+    attempt_span) as the current span. An exception raised in the block
+    marks the span as an error. Yields the span (None without
+    opentelemetry-api)."""
     tracer = get_tracer(tracer_provider)
     if tracer is None:
         yield None
         return
-    attrs: Dict[str, Any] = {
-        "retryd.session.id": session_id,
-        "retryd.turn": turn,
-        "retryd.step": step,
-        "gen_ai.provider.name": provider,
-        "retryd.attempt": attempt,
-    }
-    if started is not None:
-        attrs["retryd.retry.id"] = started.retry_id
-        attrs["retryd.retry.number"] = started.retry_number
-    with tracer.start_as_current_span(SPAN_ATTEMPT, links=attempt_links(started), attributes=attrs) as span:
-        yield span
+    span = attempt_span(tracer, session_id=session_id, turn=turn, step=step, provider=provider, attempt=attempt,
+                        started=started)
+    with _otel_trace.use_span(span, end_on_exit=True) as current:
+        yield current
 
 
 def decision_name(out: "Outcome") -> str:
@@ -258,9 +285,11 @@ __all__: Sequence[str] = (
     "SPAN_RECOVER",
     "SPAN_TURN",
     "attempt_links",
+    "attempt_span",
     "backoff_span_context",
     "current_traceparent",
     "get_tracer",
     "start_attempt",
     "start_turn",
+    "turn_span",
 )

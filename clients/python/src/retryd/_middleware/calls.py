@@ -5,8 +5,9 @@ watched (retryd._middleware.sse) as the SDK reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Callable, Dict, Iterator, List, Optional, Tuple
 
 import grpc
 
@@ -14,9 +15,11 @@ from ..aio import AsyncClient
 from ..classify import Classification, ProviderFailure, classify, classify_exception
 from ..client import Client
 from ..outcome import Outcome
+from ..v1 import events_pb2
 from .errors import DelegatedError, refused
 from .numbering import Turn
 from .outcome import OUTCOME_KEY, attach, outcome_of
+from .spans import CallSpans
 from .sse import SSE, empty_completion, is_sse
 
 if TYPE_CHECKING:
@@ -97,13 +100,22 @@ class SyncCall:
         self.client: Client = r.client
         request.read()  # a retry sends the body again
         self.turn = r.turn(request)
+        self.spans = CallSpans(self.client._tracer, self.turn, r.provider)
+        self.watching = False  # a watched stream ends the spans when it ends
 
     def run(self) -> Any:
-        return self.attempts(self.turn.first_step)
+        try:
+            return self.attempts(self.turn.first_step, None)
+        except BaseException as e:
+            self.spans.fail(e)
+            raise
+        finally:
+            if not self.watching:
+                self.spans.end()
 
-    def attempts(self, step: int) -> Any:
+    def attempts(self, step: int, started: Optional[events_pb2.RetryStarted]) -> Any:
         while True:
-            response, error, failure = self.attempt(step)
+            response, error, failure = self.attempt(step, started)
             if failure is None:
                 if error is not None:
                     raise error
@@ -113,6 +125,7 @@ class SyncCall:
                 if response is not None:
                     response.close()
                 step += 1
+                started = out.started
                 continue
             if error is not None:
                 setattr(error, OUTCOME_KEY, out)
@@ -123,21 +136,25 @@ class SyncCall:
     def decide(self, step: int, failure: ProviderFailure, response: Any, error: Optional[BaseException]) -> Outcome:
         c = _classification(failure)
         try:
-            return self.client.recover(self.r.report(self.turn, step, c))
+            with self.spans.current():
+                return self.client.recover(self.r.report(self.turn, step, c))
         except grpc.RpcError as err:
             raise refused(err, c, response, error) from err
 
     def succeeded(self, step: int) -> None:
         try:
-            self.client.step_succeeded(self.r.succeeded_request(self.turn, step))
+            with self.spans.current():
+                self.client.step_succeeded(self.r.succeeded_request(self.turn, step))
         except grpc.RpcError as err:
             # The success is the agent's; retryd's chain stays open until
             # the session's next failure.
             log.warning("retryd: StepSucceeded failed: %s", err)
 
-    def attempt(self, step: int) -> _Attempt:
+    def attempt(self, step: int, started: Optional[events_pb2.RetryStarted]) -> _Attempt:
+        self.spans.attempt(step, started)
         try:
-            response = self.inner.handle_request(self.request)
+            with self.spans.current():
+                response = self.inner.handle_request(self.request)
         except Exception as err:  # noqa: BLE001: reported as what it is (UNKNOWN if unknown), then raised
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:
@@ -159,13 +176,27 @@ class SyncCall:
         inner_stream = response.stream
         sync_cls, _ = _streams(self.hx)
         state: List[Any] = [inner_stream]  # the stream being read (replaced on retry)
+        self.watching = True
 
         def close() -> None:
-            state[0].close()
+            try:
+                state[0].close()
+            finally:
+                self.spans.end()
 
         response.stream = sync_cls(self.relay(response, step, inner_stream, state), close)
 
     def relay(self, response: Any, step: int, stream: Any, state: List[Any]) -> Iterator[bytes]:
+        """The watched stream the SDK reads; the call's spans end with it."""
+        try:
+            yield from self._relay(response, step, stream, state)
+        except Exception as e:
+            self.spans.fail(e)
+            raise
+        finally:
+            self.spans.end()
+
+    def _relay(self, response: Any, step: int, stream: Any, state: List[Any]) -> Iterator[bytes]:
         sse = SSE()
         headers = dict(response.headers)
 
@@ -178,7 +209,7 @@ class SyncCall:
             out = self.decide(step, f, response, f.error)
             if out.retry:
                 stream.close()
-                retried = self.attempts(step + 1)
+                retried = self.attempts(step + 1, out.started)
                 if not 200 <= retried.status_code <= 299:
                     raise DelegatedError(outcome_of(retried) or out, response=retried)
                 return retried
@@ -243,15 +274,25 @@ class AsyncCall:
         assert r.async_client is not None
         self.client: AsyncClient = r.async_client
         self.turn: Optional[Turn] = None
+        self.spans = CallSpans(None, Turn("", 0), r.provider)  # run() replaces it once the turn is known
+        self.watching = False
 
     async def run(self) -> Any:
         await self.request.aread()
         self.turn = self.r.turn(self.request)
-        return await self.attempts(self.turn.first_step)
+        self.spans = CallSpans(self.client._tracer, self.turn, self.r.provider)
+        try:
+            return await self.attempts(self.turn.first_step, None)
+        except BaseException as e:
+            self.spans.fail(e)
+            raise
+        finally:
+            if not self.watching:
+                self.spans.end()
 
-    async def attempts(self, step: int) -> Any:
+    async def attempts(self, step: int, started: Optional[events_pb2.RetryStarted]) -> Any:
         while True:
-            response, error, failure = await self.attempt(step)
+            response, error, failure = await self.attempt(step, started)
             if failure is None:
                 if error is not None:
                     raise error
@@ -261,6 +302,7 @@ class AsyncCall:
                 if response is not None:
                     await response.aclose()
                 step += 1
+                started = out.started
                 continue
             if error is not None:
                 setattr(error, OUTCOME_KEY, out)
@@ -272,20 +314,24 @@ class AsyncCall:
         assert self.turn is not None
         c = _classification(failure)
         try:
-            return await self.client.recover(self.r.report(self.turn, step, c))
+            with self.spans.current():
+                return await self.client.recover(self.r.report(self.turn, step, c))
         except grpc.RpcError as err:
             raise refused(err, c, response, error) from err
 
     async def succeeded(self, step: int) -> None:
         assert self.turn is not None
         try:
-            await self.client.step_succeeded(self.r.succeeded_request(self.turn, step))
+            with self.spans.current():
+                await self.client.step_succeeded(self.r.succeeded_request(self.turn, step))
         except grpc.RpcError as err:
             log.warning("retryd: StepSucceeded failed: %s", err)
 
-    async def attempt(self, step: int) -> _Attempt:
+    async def attempt(self, step: int, started: Optional[events_pb2.RetryStarted]) -> _Attempt:
+        self.spans.attempt(step, started)
         try:
-            response = await self.inner.handle_async_request(self.request)
+            with self.spans.current():
+                response = await self.inner.handle_async_request(self.request)
         except Exception as err:  # noqa: BLE001: reported as what it is (UNKNOWN if unknown), then raised
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:
@@ -307,13 +353,29 @@ class AsyncCall:
         inner_stream = response.stream
         _, async_cls = _streams(self.hx)
         state: List[Any] = [inner_stream]
+        self.watching = True
 
         async def close() -> None:
-            await state[0].aclose()
+            try:
+                await state[0].aclose()
+            finally:
+                self.spans.end()
 
         response.stream = async_cls(self.relay(response, step, inner_stream, state), close)
 
     async def relay(self, response: Any, step: int, stream: Any, state: List[Any]) -> AsyncIterator[bytes]:
+        """The watched stream the SDK reads; the call's spans end with it."""
+        try:
+            async with contextlib.aclosing(self._relay(response, step, stream, state)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except Exception as e:
+            self.spans.fail(e)
+            raise
+        finally:
+            self.spans.end()
+
+    async def _relay(self, response: Any, step: int, stream: Any, state: List[Any]) -> AsyncGenerator[bytes, None]:
         sse = SSE()
         headers = dict(response.headers)
 
@@ -324,7 +386,7 @@ class AsyncCall:
             out = await self.decide(step, f, response, f.error)
             if out.retry:
                 await stream.aclose()
-                retried = await self.attempts(step + 1)
+                retried = await self.attempts(step + 1, out.started)
                 if not 200 <= retried.status_code <= 299:
                     raise DelegatedError(outcome_of(retried) or out, response=retried)
                 return retried

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import uuid
 from typing import Any, Awaitable, Callable, Dict, Optional, Tuple, TypeVar, cast
 
@@ -43,6 +42,7 @@ from ._middleware import (
     DecisionError,
     decision_error,
     LimitReachedError,
+    RetrierBase,
     Turn,
     _refused,
     _session,
@@ -61,10 +61,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 _TASK_ID = "__pregel_task_id"
 
 
-class Retrier:
+class Retrier(RetrierBase):
     """Hands the retries of wrapped LangGraph nodes to retryd: client for
     sync nodes, async_client for async ones; provider, policy and
     policy_name as in every report."""
+
+    _serves = ("sync nodes", "async nodes")
 
     def __init__(
         self,
@@ -77,15 +79,8 @@ class Retrier:
         session_id: Optional[str] = None,
         classify: Callable[[BaseException], Classification] = classify_exception,
     ) -> None:
-        if client is None and async_client is None:
-            raise ValueError("retryd: a Retrier needs a retryd Client (sync nodes) or AsyncClient (async nodes)")
-        if not provider:
-            raise ValueError("retryd: a Retrier needs the provider's name, as retryd's policies name it")
-        self.client, self.async_client = client, async_client
-        self.provider, self.policy, self.policy_name = provider, policy, policy_name
-        self.session_id = session_id or "retryd-" + uuid.uuid4().hex
+        super().__init__(client, async_client, provider, policy, policy_name, session_id)
         self.classify = classify
-        self._lock = threading.Lock()
         self._turns: Dict[str, int] = {}
         self._tasks: Dict[str, Tuple[Turn, int]] = {}
 
@@ -121,7 +116,7 @@ class Retrier:
                 except Exception as exc:
                     c = self.classify(exc)
                     try:
-                        out = await self.async_client.recover(self._report(turn, step, c))
+                        out = await self.async_client.recover(self.report(turn, step, c))
                     except grpc.RpcError as err:
                         raise _refused(err, c, None, exc) from err
                     self._decided(exc, out)
@@ -146,7 +141,7 @@ class Retrier:
             except Exception as exc:
                 c = self.classify(exc)
                 try:
-                    out = self.client.recover(self._report(turn, step, c))
+                    out = self.client.recover(self.report(turn, step, c))
                 except grpc.RpcError as err:
                     raise _refused(err, c, None, exc) from err
                 self._decided(exc, out)
@@ -190,17 +185,9 @@ class Retrier:
             for k in [k for k, (t, _) in self._tasks.items() if t.session_id == session_id]:
                 del self._tasks[k]
 
-    def _report(self, turn: Turn, step: int, c: Classification) -> pb.FailedStepRequest:
-        req = pb.FailedStepRequest(session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider)
-        if self.policy is not None:
-            req.policy.CopyFrom(self.policy)
-        elif self.policy_name:
-            req.policy_name = self.policy_name
-        return c.apply(req)
-
     def _succeeded(self, turn: Turn, step: int) -> pb.StepSucceededRequest:
         self._forget(turn.session_id)
-        return pb.StepSucceededRequest(session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider)
+        return self.succeeded_request(turn, step)
 
 
 __all__ = [

@@ -25,7 +25,8 @@ the module (httpx or httpx2) they are given.
 
 Its parts, one job each: numbering (Turn, session()), sse (what a 200 can
 hide: an empty completion, a stream's events), calls (one model call's
-attempts and decisions), retrier (the Retrier and its transports), errors
+attempts and decisions), retrier (the Retrier and its transports, on
+RetrierBase, the configuration and reports retryd.langgraph shares), errors
 (the middleware's exceptions) and outcome (where retryd's answer is
 attached for the caller).
 """
@@ -42,7 +43,7 @@ from .errors import (
 )
 from .numbering import Turn, TurnFunc, _session, session
 from .outcome import HEADER_DELEGATE_DETAIL, HEADER_DELEGATE_REASON, HEADER_LOCAL, OUTCOME_KEY, delegate_reason, outcome_of, reason_of
-from .retrier import Retrier, sdk_options
+from .retrier import Retrier, RetrierBase, sdk_options
 from .sse import empty_completion
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "NotAllowedError",
     "OUTCOME_KEY",
     "Retrier",
+    "RetrierBase",
     "RetryPendingError",
     "Turn",
     "TurnFunc",

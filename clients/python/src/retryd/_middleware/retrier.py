@@ -1,12 +1,13 @@
 """The Retrier: what the SDK modules configure (the retryd clients, the
 provider, the policy, the numbering) and the transports it builds for an
-httpx-like module (httpx, httpx2)."""
+httpx-like module (httpx, httpx2). RetrierBase is the configuration and
+the reports it makes, which retryd.langgraph's Retrier shares."""
 
 from __future__ import annotations
 
 import threading
 import uuid
-from typing import Any, Dict, Optional
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 from ..aio import AsyncClient
 from ..classify import Classification
@@ -15,7 +16,58 @@ from ..v1 import policy_pb2, retry_service_pb2 as pb
 from .calls import AsyncCall, SyncCall
 from .numbering import Turn, TurnFunc, _session
 
-class Retrier:
+
+class RetrierBase:
+    """What every integration's Retrier is configured with and reports:
+    the retryd clients that decide (client for sync calls, async_client for
+    async ones), the provider named in reports, the policy (inline, or
+    policy_name configured on the server, else the server's default for
+    the provider) and the session of calls no session() names. Subclasses
+    add their numbering (turns); _serves names what each client serves in
+    the error raised without either."""
+
+    _serves: ClassVar[Tuple[str, str]] = ("sync SDK", "async SDK")
+
+    def __init__(
+        self,
+        client: Optional[Client],
+        async_client: Optional[AsyncClient],
+        provider: str,
+        policy: Optional[policy_pb2.RetryPolicy],
+        policy_name: Optional[str],
+        session_id: Optional[str],
+    ) -> None:
+        if client is None and async_client is None:
+            raise ValueError(
+                f"retryd: a Retrier needs a retryd Client ({self._serves[0]}) or AsyncClient ({self._serves[1]})"
+            )
+        if not provider:
+            raise ValueError("retryd: a Retrier needs the provider's name, as retryd's policies name it")
+        self.client = client
+        self.async_client = async_client
+        self.provider = provider
+        self.policy = policy
+        self.policy_name = policy_name
+        self.session_id = session_id or "retryd-" + uuid.uuid4().hex
+        self._lock = threading.Lock()
+
+    def report(self, turn: Turn, step: int, c: Classification) -> pb.FailedStepRequest:
+        """The FailedStep of attempt step of turn, failed as c says."""
+        req = pb.FailedStepRequest(
+            session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider,
+            logical_turn_id=turn.logical_turn_id,
+        )
+        if self.policy is not None:
+            req.policy.CopyFrom(self.policy)
+        elif self.policy_name:
+            req.policy_name = self.policy_name
+        return c.apply(req)
+
+    def succeeded_request(self, turn: Turn, step: int) -> pb.StepSucceededRequest:
+        return pb.StepSucceededRequest(session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider)
+
+
+class Retrier(RetrierBase):
     """Drives the model calls sent through its transports through retryd.
     Safe for concurrent use; the calls of one session must be sequential
     (one agent loop), as retryd's numbering requires.
@@ -43,18 +95,8 @@ class Retrier:
         session_id: Optional[str] = None,
         turns: Optional[TurnFunc] = None,
     ) -> None:
-        if client is None and async_client is None:
-            raise ValueError("retryd: a Retrier needs a retryd Client (sync SDK) or AsyncClient (async SDK)")
-        if not provider:
-            raise ValueError("retryd: a Retrier needs the provider's name, as retryd's policies name it")
-        self.client = client
-        self.async_client = async_client
-        self.provider = provider
-        self.policy = policy
-        self.policy_name = policy_name
-        self.session_id = session_id or "retryd-" + uuid.uuid4().hex
+        super().__init__(client, async_client, provider, policy, policy_name, session_id)
         self._turns = turns
-        self._lock = threading.Lock()
         self._next: Dict[str, int] = {}
 
     def turn(self, request: Any) -> Turn:
@@ -66,20 +108,6 @@ class Retrier:
             n = self._next.get(sid, 0) + 1
             self._next[sid] = n
         return Turn(sid, n)
-
-    def report(self, turn: Turn, step: int, c: Classification) -> pb.FailedStepRequest:
-        req = pb.FailedStepRequest(
-            session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider,
-            logical_turn_id=turn.logical_turn_id,
-        )
-        if self.policy is not None:
-            req.policy.CopyFrom(self.policy)
-        elif self.policy_name:
-            req.policy_name = self.policy_name
-        return c.apply(req)
-
-    def succeeded_request(self, turn: Turn, step: int) -> pb.StepSucceededRequest:
-        return pb.StepSucceededRequest(session_id=turn.session_id, turn=turn.turn, step=step, provider=self.provider)
 
     # Transports -----------------------------------------------------------
 

@@ -23,9 +23,8 @@ mapped exception (``delegate_reason(err)`` reads retryd's reason from it).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
-import httpx2
 import openai
 
 from ._middleware import (
@@ -33,49 +32,36 @@ from ._middleware import (
     decision_error,
     DelegatedError,
     LimitReachedError,
-    Retrier as _Retrier,
-    TurnFunc,
     delegate_reason,
     outcome_of,
-    sdk_options,
     session,
 )
-from .aio import AsyncClient
-from .client import Client
-from .v1 import policy_pb2
+from .openai import Retrier as _OpenAIRetrier
 
 
-class Retrier(_Retrier):
+class Retrier(_OpenAIRetrier):
     """Hands the retries of LiteLLM's calls to an OpenAI-compatible provider
-    to retryd (provider "openai" unless named)."""
-
-    def __init__(
-        self,
-        client: Optional[Client] = None,
-        *,
-        async_client: Optional[AsyncClient] = None,
-        provider: str = "openai",
-        policy: Optional[policy_pb2.RetryPolicy] = None,
-        policy_name: Optional[str] = None,
-        session_id: Optional[str] = None,
-        turns: Optional[TurnFunc] = None,
-    ) -> None:
-        super().__init__(client, async_client=async_client, provider=provider, policy=policy, policy_name=policy_name,
-                         session_id=session_id, turns=turns)
+    to retryd (provider "openai" unless named): retryd.openai's Retrier,
+    whose openai client LiteLLM is given."""
 
     def completion_kwargs(self, *, api_base: str, api_key: str, **openai_kwargs: Any) -> Dict[str, Any]:
         """The keyword arguments for ``litellm.completion``: ``client`` (an
         openai.OpenAI for api_base with retryd's transport, its retries
         off), ``num_retries=0`` and ``max_retries=0``."""
-        sdk = openai.OpenAI(base_url=api_base, api_key=api_key, **sdk_options(self, httpx2, is_async=False), **openai_kwargs)
-        return {"client": sdk, "num_retries": 0, "max_retries": 0}
+        return _retries_off(openai.OpenAI(base_url=api_base, api_key=api_key, **self.client_options(), **openai_kwargs))
 
     def acompletion_kwargs(self, *, api_base: str, api_key: str, **openai_kwargs: Any) -> Dict[str, Any]:
         """completion_kwargs() for ``litellm.acompletion`` (the Retrier's
         async_client)."""
-        sdk = openai.AsyncOpenAI(base_url=api_base, api_key=api_key, **sdk_options(self, httpx2, is_async=True),
-                                 **openai_kwargs)
-        return {"client": sdk, "num_retries": 0, "max_retries": 0}
+        return _retries_off(
+            openai.AsyncOpenAI(base_url=api_base, api_key=api_key, **self.async_client_options(), **openai_kwargs)
+        )
+
+
+def _retries_off(sdk: Any) -> Dict[str, Any]:
+    """LiteLLM's keyword arguments for a call through sdk, LiteLLM's own
+    retries off."""
+    return {"client": sdk, "num_retries": 0, "max_retries": 0}
 
 
 __all__ = [

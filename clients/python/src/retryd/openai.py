@@ -23,9 +23,7 @@ retryd._middleware for streams and numbering.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
-
-import httpx2
+from typing import Optional
 
 from ._middleware import (
     HEADER_DELEGATE_DETAIL,
@@ -35,20 +33,19 @@ from ._middleware import (
     decision_error,
     DelegatedError,
     LimitReachedError,
-    Retrier as _Retrier,
     Turn,
     TurnFunc,
     delegate_reason,
     outcome_of,
-    sdk_options,
     session,
 )
+from ._sdk import SDKRetrier
 from .aio import AsyncClient
 from .client import Client
 from .v1 import policy_pb2
 
 
-class Retrier(_Retrier):
+class Retrier(SDKRetrier):
     """Drives the openai SDK's model calls through retryd (provider
     "openai" unless named; any OpenAI-compatible provider works)."""
 
@@ -65,17 +62,6 @@ class Retrier(_Retrier):
     ) -> None:
         super().__init__(client, async_client=async_client, provider=provider, policy=policy, policy_name=policy_name,
                          session_id=session_id, turns=turns)
-
-    def client_options(self, transport: Optional[httpx2.BaseTransport] = None, **http_kwargs: Any) -> Dict[str, Any]:
-        """``max_retries=0`` and an ``http_client`` (httpx2.Client) sending
-        through retryd's transport over transport (default
-        httpx2.HTTPTransport()): the keyword arguments for openai.OpenAI.
-        http_kwargs go to httpx2.Client (timeout=, headers=, ...)."""
-        return sdk_options(self, httpx2, is_async=False, inner=transport, **http_kwargs)
-
-    def async_client_options(self, transport: Optional[httpx2.AsyncBaseTransport] = None, **http_kwargs: Any) -> Dict[str, Any]:
-        """client_options() for openai.AsyncOpenAI (the Retrier's async_client)."""
-        return sdk_options(self, httpx2, is_async=True, inner=transport, **http_kwargs)
 
 
 __all__ = [

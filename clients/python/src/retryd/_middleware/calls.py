@@ -32,8 +32,28 @@ log = logging.getLogger("retryd.middleware")
 _MAX_BODY = 4 << 20
 
 
-def _failure_of(response: Any, body: bytes) -> ProviderFailure:
-    return ProviderFailure(http_status=response.status_code, headers=dict(response.headers), body=body)
+def _failure_of(response: Any, **kw: Any) -> ProviderFailure:
+    """The failure of an attempt answered with response (its status and
+    headers), as kw (body, error, empty_completion) adds."""
+    return ProviderFailure(http_status=response.status_code, headers=dict(response.headers), **kw)
+
+
+def _hand_back(out: Outcome, request: Any, response: Any, error: Optional[BaseException]) -> None:
+    """Leaves retryd's answer (not a retry) where the caller finds it: on
+    the exception the attempt raised and on the response handed back (and
+    its request)."""
+    if error is not None:
+        setattr(error, OUTCOME_KEY, out)
+    if response is not None:
+        attach(response, request, out)
+
+
+def _check_retried(retried: Any, out: Outcome) -> Any:
+    """The response of a stream's retry, which replaces the stream: a
+    retry that ended in an error status (delegated) cannot, and raises."""
+    if not 200 <= retried.status_code <= 299:
+        raise DelegatedError(outcome_of(retried) or out, response=retried)
+    return retried
 
 
 _stream_classes: Dict[int, Tuple[type, type]] = {}
@@ -127,10 +147,9 @@ class SyncCall:
                 step += 1
                 started = out.started
                 continue
+            _hand_back(out, self.request, response, error)
             if error is not None:
-                setattr(error, OUTCOME_KEY, out)
                 raise error
-            attach(response, self.request, out)
             return response
 
     def decide(self, step: int, failure: ProviderFailure, response: Any, error: Optional[BaseException]) -> Outcome:
@@ -159,16 +178,16 @@ class SyncCall:
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:
             body = response.read()[:_MAX_BODY]
-            return response, None, _failure_of(response, body)
+            return response, None, _failure_of(response, body=body)
         if is_sse(response):
             self.watch(response, step)
             return response, None, None
         try:
             body = response.read()
         except self.hx.TransportError as err:
-            return None, err, ProviderFailure(http_status=response.status_code, headers=dict(response.headers), error=err)
+            return None, err, _failure_of(response, error=err)
         if empty_completion(body):
-            return response, None, ProviderFailure(http_status=response.status_code, headers=dict(response.headers), empty_completion=True)
+            return response, None, _failure_of(response, empty_completion=True)
         self.succeeded(step)
         return response, None, None
 
@@ -209,13 +228,8 @@ class SyncCall:
             out = self.decide(step, f, response, f.error)
             if out.retry:
                 stream.close()
-                retried = self.attempts(step + 1, out.started)
-                if not 200 <= retried.status_code <= 299:
-                    raise DelegatedError(outcome_of(retried) or out, response=retried)
-                return retried
-            if f.error is not None:
-                setattr(f.error, OUTCOME_KEY, out)
-            attach(response, self.request, out)
+                return _check_retried(self.attempts(step + 1, out.started), out)
+            _hand_back(out, self.request, response, f.error)
             return None
 
         def lines() -> Iterator[bytes]:
@@ -304,10 +318,9 @@ class AsyncCall:
                 step += 1
                 started = out.started
                 continue
+            _hand_back(out, self.request, response, error)
             if error is not None:
-                setattr(error, OUTCOME_KEY, out)
                 raise error
-            attach(response, self.request, out)
             return response
 
     async def decide(self, step: int, failure: ProviderFailure, response: Any, error: Optional[BaseException]) -> Outcome:
@@ -336,16 +349,16 @@ class AsyncCall:
             return None, err, _ExceptionFailure(err)
         if not 200 <= response.status_code <= 299:
             body = (await response.aread())[:_MAX_BODY]
-            return response, None, _failure_of(response, body)
+            return response, None, _failure_of(response, body=body)
         if is_sse(response):
             self.watch(response, step)
             return response, None, None
         try:
             body = await response.aread()
         except self.hx.TransportError as err:
-            return None, err, ProviderFailure(http_status=response.status_code, headers=dict(response.headers), error=err)
+            return None, err, _failure_of(response, error=err)
         if empty_completion(body):
-            return response, None, ProviderFailure(http_status=response.status_code, headers=dict(response.headers), empty_completion=True)
+            return response, None, _failure_of(response, empty_completion=True)
         await self.succeeded(step)
         return response, None, None
 
@@ -386,13 +399,8 @@ class AsyncCall:
             out = await self.decide(step, f, response, f.error)
             if out.retry:
                 await stream.aclose()
-                retried = await self.attempts(step + 1, out.started)
-                if not 200 <= retried.status_code <= 299:
-                    raise DelegatedError(outcome_of(retried) or out, response=retried)
-                return retried
-            if f.error is not None:
-                setattr(f.error, OUTCOME_KEY, out)
-            attach(response, self.request, out)
+                return _check_retried(await self.attempts(step + 1, out.started), out)
+            _hand_back(out, self.request, response, f.error)
             return None
 
         async def lines() -> AsyncIterator[bytes]:

@@ -1,5 +1,7 @@
-"""Session fixtures: the retryd binary, built once, and the servers the
-suites share (each suite uses its own session ids)."""
+"""The fixtures the suites share: the retryd binary, built once; the
+servers (the session's shared one, each suite with its own session ids,
+and the ones a module starts for itself: debug_server, limited); and the
+SDK suites' client of debug_server."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import retryd  # noqa: E402
 from retrydtest import ROOT, RetrydServer, build_retryd, temp_dir  # noqa: E402
 
 
@@ -57,6 +60,39 @@ def server(retryd_bin: str) -> Iterator[RetrydServer]:
     finally:
         srv.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def debug_server(retryd_bin: str) -> Iterator[RetrydServer]:
+    """A retryd of the module's own that logs every decision (the SDK
+    suites read them: fakeprovider.logged_decisions); its event log passes
+    verify after the module."""
+    srv = RetrydServer(retryd_bin, "--log-level", "debug")
+    try:
+        yield srv
+        srv.verify()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture()
+def client(debug_server: RetrydServer) -> Iterator[retryd.Client]:
+    """A Client of debug_server, the SDK suites' client. The suites on the
+    shared server define their own client fixture over server."""
+    with retryd.Client(debug_server.addr, credentials=retryd.insecure()) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def limited(retryd_bin: str) -> Iterator[RetrydServer]:
+    """A retryd of the module's own that holds one pending retry at most,
+    for admission-control refusals (test_errors.py has its own, with one
+    awaiter per retry as well)."""
+    srv = RetrydServer(retryd_bin, "--max-pending-retries", "1")
+    try:
+        yield srv
+    finally:
+        srv.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Iterator, List
+from typing import List
 
 import anthropic
 import httpx2
@@ -27,22 +27,6 @@ OVERLOADED_EVENT = {"type": "overloaded_error", "message": "Overloaded"}
 def rate_limited(**headers: str) -> Reply:
     return error(429, {"type": "error", "error": {"type": "rate_limit_error", "message": "Number of requests exceeded"}},
                  **headers)
-
-
-@pytest.fixture(scope="module")
-def debug_server(retryd_bin: str) -> Iterator[RetrydServer]:
-    srv = RetrydServer(retryd_bin, "--log-level", "debug")
-    try:
-        yield srv
-        srv.verify()
-    finally:
-        srv.stop()
-
-
-@pytest.fixture()
-def client(debug_server: RetrydServer) -> Iterator[retryd.Client]:
-    with retryd.Client(debug_server.addr, credentials=retryd.insecure()) as c:
-        yield c
 
 
 def sdk(r: ra.Retrier, p: FakeProvider) -> anthropic.Anthropic:

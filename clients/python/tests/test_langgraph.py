@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Iterator, List, TypedDict, cast
+from typing import List, TypedDict, cast
 
 import openai
 import pytest
@@ -24,22 +24,6 @@ from retrydtest import RetrydServer
 class State(TypedDict, total=False):
     question: str
     answer: str
-
-
-@pytest.fixture(scope="module")
-def debug_server(retryd_bin: str) -> Iterator[RetrydServer]:
-    srv = RetrydServer(retryd_bin, "--log-level", "debug")
-    try:
-        yield srv
-        srv.verify()
-    finally:
-        srv.stop()
-
-
-@pytest.fixture()
-def client(debug_server: RetrydServer) -> Iterator[retryd.Client]:
-    with retryd.Client(debug_server.addr, credentials=retryd.insecure()) as c:
-        yield c
 
 
 def session() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Iterator, List
+from typing import Any, List
 
 import litellm
 import litellm.exceptions
@@ -19,22 +19,6 @@ from helpers import backoff_policy, kinds, watch_session
 from retrydtest import RetrydServer
 
 MESSAGES: List[Any] = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def debug_server(retryd_bin: str) -> Iterator[RetrydServer]:
-    srv = RetrydServer(retryd_bin, "--log-level", "debug")
-    try:
-        yield srv
-        srv.verify()
-    finally:
-        srv.stop()
-
-
-@pytest.fixture()
-def client(debug_server: RetrydServer) -> Iterator[retryd.Client]:
-    with retryd.Client(debug_server.addr, credentials=retryd.insecure()) as c:
-        yield c
 
 
 def session() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Iterator, List
+from typing import List
 
 import grpc
 import openai
@@ -33,23 +33,6 @@ from helpers import backoff_policy, failed_step, kinds, watch_session
 from retrydtest import RetrydServer
 
 MESSAGES: List[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture(scope="module")
-def debug_server(retryd_bin: str) -> Iterator[RetrydServer]:
-    """A retryd that logs every decision; its event log passes verify."""
-    srv = RetrydServer(retryd_bin, "--log-level", "debug")
-    try:
-        yield srv
-        srv.verify()
-    finally:
-        srv.stop()
-
-
-@pytest.fixture()
-def client(debug_server: RetrydServer) -> Iterator[retryd.Client]:
-    with retryd.Client(debug_server.addr, credentials=retryd.insecure()) as c:
-        yield c
 
 
 def sdk(r: ro.Retrier, provider: FakeProvider) -> openai.OpenAI:
@@ -196,15 +179,6 @@ def test_an_unknown_exception_is_reported_unknown_and_raised(client: retryd.Clie
     assert isinstance(err.value, LookupError) or isinstance(err.value.__cause__, LookupError)
     assert ro.delegate_reason(err.value) == "DELEGATE_REASON_CODE_NOT_RETRYABLE"
     assert [d.code for d in logged_decisions(debug_server, s, 1)] == ["UNKNOWN"]
-
-
-@pytest.fixture(scope="module")
-def limited(retryd_bin: str) -> Iterator[RetrydServer]:
-    srv = RetrydServer(retryd_bin, "--max-pending-retries", "1")
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 def test_a_retryd_refusal_raises_with_the_delay_it_asked_for(limited: RetrydServer) -> None:

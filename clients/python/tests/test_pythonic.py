@@ -153,15 +153,6 @@ def test_retry_pending_is_typed(client: retryd.Client) -> None:
         client.cancel_retry(rid)
 
 
-@pytest.fixture(scope="module")
-def limited(retryd_bin: str) -> Iterator[RetrydServer]:
-    srv = RetrydServer(retryd_bin, "--max-pending-retries", "1")
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
 def test_limit_reached_is_typed_with_its_delay(limited: RetrydServer, caplog: pytest.LogCaptureFixture) -> None:
     """A report refused by admission control, once the client has sent it
     again as often as it may, raises LimitReachedError with the bound and

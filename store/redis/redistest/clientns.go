@@ -30,6 +30,7 @@ type ClientNet struct {
 // work here.
 func StartClientNet(t testing.TB, paths int) *ClientNet {
 	t.Helper()
+	retrydtest.EndToEnd(t, NetworkFaults)
 	if os.Geteuid() != 0 {
 		t.Skip("not root: building network namespaces needs root; skipping the network fault tests")
 	}

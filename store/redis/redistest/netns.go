@@ -41,11 +41,20 @@ const redisPort = 6379
 // netSeq numbers the namespaces of this process.
 var netSeq atomic.Int64
 
+// NetworkFaults names the suites that build network namespaces between
+// retryd and Redis (this file, clientns.go and storenet.go) to cut, slow
+// and drop their paths. They need root, take minutes and measure latencies
+// over those paths, so they run with the end-to-end suites
+// (retrydtest.EndToEnd), where the machine is not also compiling and
+// running every other package's tests.
+const NetworkFaults = "network faults between retryd and Redis, in network namespaces"
+
 // StartInNamespace starts a redis-server without persistence in a new
 // network namespace with paths veth paths to it. It skips the test when
 // the process is not root or `ip netns` does not work here.
 func StartInNamespace(t testing.TB, paths int) *NetServer {
 	t.Helper()
+	retrydtest.EndToEnd(t, NetworkFaults)
 	Skip(t)
 	if os.Geteuid() != 0 {
 		t.Skip("not root: building network namespaces needs root; skipping the network fault tests")

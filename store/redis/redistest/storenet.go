@@ -69,6 +69,7 @@ const (
 // `ip netns` does not work here.
 func startStoreNet(t testing.TB, replicas int) *StoreNet {
 	t.Helper()
+	retrydtest.EndToEnd(t, NetworkFaults)
 	Skip(t)
 	if os.Geteuid() != 0 {
 		t.Skip("not root: building network namespaces needs root; skipping the network fault tests")

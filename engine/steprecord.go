@@ -3,10 +3,12 @@ package engine
 import (
 	"crypto/sha256"
 	"sync"
+	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // A step has at most two step records, and so at most one decision that
@@ -163,4 +165,73 @@ func (s *Session) openRecord(pos position, phase retrydv1.Downstream) *Error {
 				"a report with downstream %s is a different report of an answered step", pos.turn, pos.step, phase)
 	}
 	return errorf(KindConflict, "turn %d step %d was already reported with different content", pos.turn, pos.step)
+}
+
+// stepRecord is the answer to one report of the session's latest step,
+// kept so that a report that means the same gets the same answer (see
+// steprecord.go for which reports open a record). It keeps the
+// decision's event (the log's own record, numbered once the store appends
+// it) and not the response: a FailedStepResponse is that event plus a
+// decision whose every field is also in the event, so responseOf rebuilds
+// it, and an idle session does not hold a second copy of its decision.
+//
+// Once committed, a record of a scheduled decision drops even the event:
+// the event is the session's id, its time, its sequence and the retry's
+// RetryScheduled (which the retry can build again), so the record keeps
+// the retry, the time and the sequence and rebuilds an equal event when it
+// is asked (compact). Every pending chain has such a record, so this is
+// what a million pending chains do not hold: an event, its oneof, its
+// timestamp and the RetryScheduled with its due time.
+type stepRecord struct {
+	fingerprint [sha256.Size]byte
+	phase       retrydv1.Downstream
+	// event is the decision's event, nil once compact.
+	event *retrydv1.Event
+	// response is set only for a restored record whose stored response is
+	// not the one responseOf builds; it is answered as stored.
+	response *retrydv1.FailedStepResponse
+	// retry is the retry a decision of this process scheduled (nil for a
+	// delegation and for a restored record). A compact record's event is
+	// the retry's: its sequence (Retry.seq) and time (the due time less
+	// the delay).
+	retry *Retry
+}
+
+// Response is the recorded answer.
+func (r *stepRecord) Response(sessionID string) *retrydv1.FailedStepResponse {
+	if r.response != nil {
+		return r.response
+	}
+	return responseOf(r.eventOf(sessionID))
+}
+
+// eventOf returns the record's event, rebuilt when the record is compact.
+func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
+	if r.event != nil {
+		return r.event
+	}
+	x := new(struct { // the event, its oneof, its time and the record: one allocation
+		ev   retrydv1.Event
+		kind retrydv1.Event_Scheduled
+		time timestamppb.Timestamp
+		sb   scheduledBlock
+	})
+	rt := r.retry
+	at := rt.due - int64(rt.delayMs)*int64(time.Millisecond)
+	x.time.Seconds, x.time.Nanos = at/1e9, int32(at%1e9)
+	x.kind.Scheduled = rt.scheduledIn(&x.sb)
+	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = rt.seq, sessionID, &x.time, &x.kind
+	return &x.ev
+}
+
+// compact drops the event of a committed record of a decision that
+// scheduled a retry (see stepRecord). Only a record this process made
+// compacts: it knows its event is what eventOf rebuilds. A restored one
+// keeps its event as stored.
+func (r *stepRecord) compact() {
+	if r.event == nil || r.retry == nil || r.retry.stored != nil {
+		return
+	}
+	r.retry.seq = r.event.GetSequence()
+	r.event = nil
 }

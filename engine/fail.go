@@ -1,0 +1,268 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/retryd/retryd/fleet"
+	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/policy"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Failure is one validated FailedStep report with its policy resolved.
+type Failure struct {
+	Request *retrydv1.FailedStepRequest
+	// Policy decides; nil when the request names no provider.
+	Policy *policy.Policy
+	// RetryAfter is the parsed provider delay instruction.
+	RetryAfter policy.RetryAfter
+	// AttemptTrace is the W3C traceparent of the caller's failed attempt
+	// span, if it sent one; the chain remembers it for later links.
+	AttemptTrace string
+	// BackoffTrace is the W3C traceparent of the backoff span the service
+	// opened for a retry this failure may schedule.
+	BackoffTrace string
+	// FleetKey names the fleet protection state of the failure's (tenant,
+	// provider) in the store, and FleetConfig is its configuration; an
+	// empty FleetKey: the provider is not protected. The store reads that
+	// state in the transaction that reads the session, hands it to Fail,
+	// and saves the state Fail returns (FailOutcome.Fleet) with the
+	// session.
+	FleetKey    string
+	FleetConfig fleet.Config
+}
+
+// Fleet is fleet protection of a retry's provider as Start takes it: the
+// configuration, and the state the store read in the transaction that
+// reads the session.
+type Fleet struct {
+	Config fleet.Config
+	State  fleet.ProviderState
+}
+
+// FailOutcome is what Fail changed.
+type FailOutcome struct {
+	Response *retrydv1.FailedStepResponse
+	// Events to append to the log, in order (none for an idempotent replay).
+	Events []*retrydv1.Event
+	// Scheduled is the new pending retry, if one was scheduled.
+	Scheduled *Retry
+	// Forgotten are retries no longer retained (unindex them).
+	Forgotten []*Retry
+	// PreviousAttempts are the traceparents of the chain's earlier failed
+	// attempts (not this one), oldest first, for span links.
+	PreviousAttempts []string
+	// Fleet is the fleet state to save with the session when FleetChanged:
+	// a new decision of a failure with a FleetKey changes it.
+	Fleet        fleet.ProviderState
+	FleetChanged bool
+	// FleetQueued is set when fleet protection admitted Scheduled: Fleet
+	// counts it queued until it starts, or until the service reports it
+	// dropped (fleet.ReportDropped).
+	FleetQueued bool
+}
+
+// Fail decides one failed step. A step is decided at most twice (see
+// steprecord.go): once, or in always mode once and once more as the
+// follow-up of its downstream_first answer. A report of the step that
+// means the same as a recorded one gets the recorded response and changes
+// nothing.
+//
+// When several refusals apply, the first of these wins: STALE_STEP (an
+// older step, even one reported exactly as before), the recorded answer,
+// STEP_RECORD_CONFLICT or DELEGATION_CANCELLED (an answered step), and
+// RETRY_PENDING (TestRefusalPrecedence).
+//
+// With f.FleetKey, fleetState is the provider's fleet state as the store
+// read it: a new decision goes through fleet.Decide, and the state after it
+// comes back in the outcome for the store to save. Without, fleetState is
+// not used.
+func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (FailOutcome, error) {
+	req := f.Request
+	pos := position{req.GetTurn(), req.GetStep()}
+	phase := phaseOf(req.GetDownstream())
+	fp := reportFingerprint(req, f.Policy)
+
+	if s.seen && pos.less(s.latest) {
+		return FailOutcome{}, errorf(KindStale,
+			"turn %d step %d is older than the session's latest recorded turn %d step %d",
+			pos.turn, pos.step, s.latest.turn, s.latest.step)
+	}
+	followUp := false
+	if s.seen && pos == s.latest && len(s.records) > 0 {
+		if rec := s.recorded(fp, req); rec != nil {
+			return FailOutcome{Response: rec.Response(s.ID)}, nil
+		}
+		if err := s.openRecord(pos, phase); err != nil {
+			return FailOutcome{}, err
+		}
+		followUp = true
+	}
+	if s.pending != nil {
+		return FailOutcome{}, &Error{Kind: KindPending, RetryID: s.pending.ID, Message: fmt.Sprintf(
+			"session has scheduled retry %s (turn %d step %d) that has not started; await or cancel it first",
+			s.pending.ID, s.pending.turn, s.pending.step)}
+	}
+
+	if !s.seen || s.latest.less(pos) {
+		s.latest, s.seen = pos, true
+		s.clearRecords()
+		s.delegation, s.cancelled = nil, nil
+	}
+	if followUp {
+		s.delegation = nil // the handshake is answered, whatever this decides
+	}
+
+	var out FailOutcome
+	var ev *retrydv1.Event // the decision's: scheduled or delegated
+	var scheduled *Retry
+	if f.Policy == nil {
+		ev = s.delegated(env, f, phase, policy.Decision{
+			Reason: retrydv1.DelegateReason_DELEGATE_REASON_NO_PROVIDER,
+			Detail: "the failure happened before any provider adapter was selected",
+		})
+		out.Events = append(out.Events, ev)
+	} else {
+		p := f.Policy
+		key := ChainKey{Provider: req.GetProvider(), PolicyKey: p.Key}
+		chain := s.chain(key)
+		var used uint32
+		if chain != nil && chain.Open {
+			used = chain.Retries
+			out.PreviousAttempts = slices.Clone(chain.attemptList())
+		}
+		deadline, hasDeadline := deadlineOf(req)
+		a := policy.Attempt{
+			Retries:     used,
+			Code:        req.GetFailure().GetCode(),
+			RetryAfter:  f.RetryAfter,
+			Downstream:  phase,
+			Replay:      req.GetReplay(),
+			Deadline:    deadline,
+			HasDeadline: hasDeadline,
+		}
+		d := p.Decide(a, env.Now, env.Rand)
+		if f.FleetKey != "" {
+			fd := fleet.Decide(f.FleetConfig, fleetState, p, a, d, env.Now, env.Rand)
+			d, out.Fleet, out.FleetChanged, out.FleetQueued = fd.Decision, fd.State, true, fd.Queued
+		}
+		if p.Mode == retrydv1.Mode_MODE_ALWAYS && d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
+			at := pos // only this branch keeps a pointer: pos stays on the stack
+			s.delegation = &at
+		}
+		if d.Schedule {
+			if chain == nil {
+				chain = &Chain{Key: key, Mode: p.Mode}
+				s.addChain(chain)
+			}
+			if !chain.Open {
+				chain.Open, chain.Retries, chain.attempts = true, 0, nil
+			}
+			if f.AttemptTrace != "" {
+				old := chain.attemptList()
+				old = old[max(0, len(old)+1-MaxChainAttempts):] // the newest, with room for this one
+				attempts := append(append(make([]string, 0, len(old)+1), old...), f.AttemptTrace)
+				chain.attempts = &attempts
+			}
+			if p.Bounded {
+				chain.Max = &p.MaxRetries
+			}
+			r := s.schedule(env, f, chain, d)
+			scheduled = r
+			x := new(struct { // the event, its oneof, its time and the record: one allocation
+				ev   retrydv1.Event
+				kind retrydv1.Event_Scheduled
+				time timestamppb.Timestamp
+				sb   scheduledBlock
+			})
+			x.kind.Scheduled = r.scheduledIn(&x.sb)
+			x.ev.Kind = &x.kind
+			ev = s.event(env, &x.ev, &x.time)
+			out.Events = append(out.Events, ev)
+			out.Scheduled = r
+			out.Forgotten = s.retain(r)
+		} else {
+			ev = s.delegated(env, f, phase, d)
+			out.Events = append(out.Events, ev)
+			if d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED && chain != nil && chain.Open {
+				out.Events = append(out.Events, s.closeChain(env, chain, retrydv1.CloseReason_CLOSE_REASON_EXHAUSTED))
+			}
+		}
+	}
+	s.setRecord(stepRecord{phase: phase, fingerprint: fp, event: ev, retry: scheduled})
+	s.updated = env.Now.UnixNano()
+	out.Response = responseOf(ev)
+	return out, nil
+}
+
+func deadlineOf(req *retrydv1.FailedStepRequest) (time.Time, bool) {
+	if req.GetDeadline() == nil {
+		return time.Time{}, false
+	}
+	return req.GetDeadline().AsTime(), true
+}
+
+// delegated returns the event of a delegation.
+func (s *Session) delegated(env Env, f Failure, phase retrydv1.Downstream, d policy.Decision) *retrydv1.Event {
+	req := f.Request
+	// The event, its oneof and the delegation are one allocation: only the
+	// event refers to the other two.
+	x := new(struct {
+		ev        retrydv1.Event
+		kind      retrydv1.Event_Delegated
+		delegated retrydv1.RetryDelegated
+		time      timestamppb.Timestamp
+	})
+	dg := &x.delegated
+	dg.Turn, dg.Step = req.GetTurn(), req.GetStep()
+	dg.Provider, dg.Failure = req.GetProvider(), req.GetFailure()
+	dg.Reason, dg.Detail, dg.Downstream = d.Reason, d.Detail, phase
+	if f.Policy != nil {
+		dg.PolicyKey, dg.Mode = f.Policy.Key, f.Policy.Mode
+	}
+	x.kind.Delegated = dg
+	x.ev.Kind = &x.kind
+	return s.event(env, &x.ev, &x.time)
+}
+
+func (s *Session) schedule(env Env, f Failure, chain *Chain, d policy.Decision) *Retry {
+	req, p := f.Request, f.Policy
+	r := &Retry{
+		ID:          env.NewID(),
+		SessionID:   s.ID,
+		due:         env.Now.Add(time.Duration(d.DelayMs) * time.Millisecond).UnixNano(),
+		Status:      retrydv1.RetryStatus_RETRY_STATUS_PENDING,
+		mode:        p.Mode,
+		source:      d.Source,
+		retryNumber: d.RetryNumber,
+		turn:        req.GetTurn(),
+		step:        req.GetStep(),
+		delayMs:     d.DelayMs,
+		failure:     req.GetFailure(),
+		policy:      p.SharedProto(),
+		chain:       chain,
+	}
+	if chain.Max != nil {
+		r.maxRetries, r.bounded = *chain.Max, true
+	}
+	if lt, tp, dt := req.GetLogicalTurnId(), f.BackoffTrace, d.Detail; lt != "" || tp != "" || dt != "" {
+		r.text = &retryText{lt, tp, dt}
+	}
+	chain.Retries = d.RetryNumber
+	chain.Latest = r
+	chain.updated = env.Now.UnixNano()
+	s.pending = r
+	return r
+}
+
+func (s *Session) retain(r *Retry) (forgotten []*Retry) {
+	s.retries = append(s.retries, r)
+	for len(s.retries) > MaxRetainedRetries {
+		i := slices.IndexFunc(s.retries, func(r *Retry) bool { return r != s.pending })
+		forgotten = append(forgotten, s.retries[i])
+		s.retries = slices.Delete(s.retries, i, i+1)
+	}
+	return forgotten
+}

@@ -416,21 +416,12 @@ type zeroRand struct{}
 
 func (zeroRand) Float64() float64 { return 0 }
 
-// downstreamPhase is the engine's phase of a report: unspecified is the
-// first, not asked.
-func downstreamPhase(d retrydv1.Downstream) retrydv1.Downstream {
-	if d == retrydv1.Downstream_DOWNSTREAM_UNSPECIFIED {
-		return retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
-	}
-	return d
-}
-
 // mayAdd reports whether a failure may schedule a retry, as far as the
 // log shows: false only when it certainly cannot (see the comment at the
 // top of this file). Called at a bound only.
 func (a *Control) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bool {
 	req, p := f.Request, f.Policy
-	phase := downstreamPhase(req.GetDownstream())
+	phase := policy.PhaseOf(req.GetDownstream())
 	var retries uint32
 	if ss != nil {
 		turn, step := req.GetTurn(), req.GetStep()
@@ -444,17 +435,11 @@ func (a *Control) mayAdd(f engine.Failure, ss *trackedSession, now time.Time) bo
 			retries = ss.chains[i].retries
 		}
 	}
-	at := policy.Attempt{
-		Retries: retries, Code: req.GetFailure().GetCode(), RetryAfter: f.RetryAfter,
-		Downstream: phase, Replay: req.GetReplay(),
-	}
-	if d := req.GetDeadline(); d != nil {
-		at.Deadline, at.HasDeadline = d.AsTime(), true
-	}
-	// The shortest delay: if even it misses the deadline, every one does.
-	// Fleet protection only turns a schedule into a delegation or a later
-	// start, never the reverse.
-	return p.Decide(at, now, zeroRand{}).Schedule
+	// The engine's decision (policy.AttemptOf) with the shortest delay: if
+	// even it misses the deadline, every one does. Fleet protection only
+	// turns a schedule into a delegation or a later start, never the
+	// reverse.
+	return p.Decide(policy.AttemptOf(req, retries, f.RetryAfter), now, zeroRand{}).Schedule
 }
 
 // Decided ends an admitted failure's admission: its reservation is
@@ -574,7 +559,7 @@ func (a *Control) apply(ev *retrydv1.Event) *trackedSession {
 		ss.pending, ss.due = sc.GetRetryId(), sc.GetDueAt().AsTime()
 	case *retrydv1.Event_Delegated:
 		if dg := k.Delegated; ss != nil && ss.at(dg.GetTurn(), dg.GetStep()) {
-			if p := downstreamPhase(dg.GetDownstream()); p < 8 {
+			if p := policy.PhaseOf(dg.GetDownstream()); p < 8 {
 				ss.phases |= 1 << p
 			}
 		}

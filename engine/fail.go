@@ -82,7 +82,7 @@ type FailOutcome struct {
 func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (FailOutcome, error) {
 	req := f.Request
 	pos := position{req.GetTurn(), req.GetStep()}
-	phase := phaseOf(req.GetDownstream())
+	phase := policy.PhaseOf(req.GetDownstream())
 	fp := reportFingerprint(req, f.Policy)
 
 	if s.seen && pos.less(s.latest) {
@@ -133,16 +133,7 @@ func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (Fail
 			used = chain.Retries
 			out.PreviousAttempts = slices.Clone(chain.attemptList())
 		}
-		deadline, hasDeadline := deadlineOf(req)
-		a := policy.Attempt{
-			Retries:     used,
-			Code:        req.GetFailure().GetCode(),
-			RetryAfter:  f.RetryAfter,
-			Downstream:  phase,
-			Replay:      req.GetReplay(),
-			Deadline:    deadline,
-			HasDeadline: hasDeadline,
-		}
+		a := policy.AttemptOf(req, used, f.RetryAfter)
 		d := p.Decide(a, env.Now, env.Rand)
 		if f.FleetKey != "" {
 			fd := fleet.Decide(f.FleetConfig, fleetState, p, a, d, env.Now, env.Rand)
@@ -195,13 +186,6 @@ func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (Fail
 	s.updated = env.Now.UnixNano()
 	out.Response = responseOf(ev)
 	return out, nil
-}
-
-func deadlineOf(req *retrydv1.FailedStepRequest) (time.Time, bool) {
-	if req.GetDeadline() == nil {
-		return time.Time{}, false
-	}
-	return req.GetDeadline().AsTime(), true
 }
 
 // delegated returns the event of a delegation.

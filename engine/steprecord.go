@@ -69,36 +69,18 @@ func reportFingerprint(req *retrydv1.FailedStepRequest, p *policy.Policy) [sha25
 	b = protowire.AppendVarint(b, uint64(fl.GetProviderRetryAfterMs()))
 	b = appendPresent(b, fl.RetryAfter != nil)
 	b = protowire.AppendString(b, fl.GetRetryAfter())
-	var downstream retrydv1.Downstream
-	if p != nil && p.Mode == retrydv1.Mode_MODE_ALWAYS {
-		downstream = phaseOf(req.GetDownstream())
-	}
-	b = protowire.AppendVarint(b, uint64(downstream))
+	b = protowire.AppendVarint(b, uint64(p.DecidingPhase(req.GetDownstream())))
 	dl := req.GetDeadline()
 	b = appendPresent(b, dl != nil)
 	b = protowire.AppendVarint(b, uint64(dl.GetSeconds()))
 	b = protowire.AppendVarint(b, uint64(dl.GetNanos()))
-	b = protowire.AppendVarint(b, uint64(replayOf(req.GetReplay())))
+	b = protowire.AppendVarint(b, uint64(policy.ReplayOf(req.GetReplay())))
 	*buf = b
 	return sha256.Sum256(b)
 }
 
 func appendPresent(b []byte, present bool) []byte {
 	return protowire.AppendVarint(b, protowire.EncodeBool(present))
-}
-
-func phaseOf(d retrydv1.Downstream) retrydv1.Downstream {
-	if d == retrydv1.Downstream_DOWNSTREAM_UNSPECIFIED {
-		return retrydv1.Downstream_DOWNSTREAM_NOT_ASKED
-	}
-	return d
-}
-
-func replayOf(r retrydv1.Replay) retrydv1.Replay {
-	if r == retrydv1.Replay_REPLAY_UNSPECIFIED {
-		return retrydv1.Replay_REPLAY_SAFE
-	}
-	return r
 }
 
 // fingerprintBufs are encoding buffers for the fingerprints.

@@ -68,7 +68,7 @@ type chainKey struct{ session, provider, policyKey string }
 
 type stepKey struct {
 	turn, step uint64
-	downstream retrydv1.Downstream
+	downstream retrydv1.Downstream // as far as it decides (Policy.DecidingPhase)
 }
 
 // localState is what degraded mode keeps in the process: the chains, a
@@ -264,6 +264,7 @@ func localRetryID() string {
 func (c *Client) decideLocally(req *retrydv1.FailedStepRequest, now time.Time, cause error) (Outcome, error) {
 	out := Outcome{Local: true, Unreachable: cause}
 	f := req.GetFailure()
+	phase := policy.PhaseOf(req.GetDownstream()) // as the server records it
 	detail := func(s string) string {
 		return LocalDetailPrefix + s + " (retryd unreachable: " + status.Convert(cause).Message() + ")"
 	}
@@ -272,7 +273,7 @@ func (c *Client) decideLocally(req *retrydv1.FailedStepRequest, now time.Time, c
 		out.Event = &retrydv1.Event{SessionId: req.GetSessionId(), Time: timestamppb.New(now),
 			Kind: &retrydv1.Event_Delegated{Delegated: &retrydv1.RetryDelegated{
 				Turn: req.GetTurn(), Step: req.GetStep(), Provider: req.GetProvider(), PolicyKey: key, Mode: mode,
-				Failure: f, Reason: reason, Detail: out.Delegate.Detail, Downstream: req.GetDownstream(),
+				Failure: f, Reason: reason, Detail: out.Delegate.Detail, Downstream: phase,
 			}}}
 		return out, nil
 	}
@@ -285,7 +286,9 @@ func (c *Client) decideLocally(req *retrydv1.FailedStepRequest, now time.Time, c
 		return Outcome{}, err
 	}
 	key := chainKey{req.GetSessionId(), req.GetProvider(), pol.Key}
-	step := stepKey{req.GetTurn(), req.GetStep(), req.GetDownstream()}
+	// The same step means the same report where the phase decides nothing,
+	// as on the server (its step records).
+	step := stepKey{req.GetTurn(), req.GetStep(), pol.DecidingPhase(req.GetDownstream())}
 
 	c.local.mu.Lock()
 	defer c.local.mu.Unlock()
@@ -294,16 +297,7 @@ func (c *Client) decideLocally(req *retrydv1.FailedStepRequest, now time.Time, c
 	if ch.last != nil && ch.step == step {
 		return *ch.last, nil // the same step reported again: the same decision
 	}
-	a := policy.Attempt{
-		Retries:    ch.retries,
-		Code:       f.GetCode(),
-		RetryAfter: policy.ProviderRetryAfter(f.ProviderRetryAfterMs, f.RetryAfter, now),
-		Downstream: req.GetDownstream(),
-		Replay:     req.GetReplay(),
-	}
-	if req.GetDeadline() != nil {
-		a.Deadline, a.HasDeadline = req.GetDeadline().AsTime(), true
-	}
+	a := policy.AttemptOf(req, ch.retries, policy.ProviderRetryAfter(f.ProviderRetryAfterMs, f.RetryAfter, now))
 	d := pol.Decide(a, now, jitter{})
 	if d.Schedule && ch.retries >= c.localCap(pol) {
 		d = policy.Decision{Reason: retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED,

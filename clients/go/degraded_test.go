@@ -348,3 +348,42 @@ func TestDegradedBoundedChains(t *testing.T) {
 		t.Errorf("bounded-a after its chain was forgotten: retry %d, want 1", n)
 	}
 }
+
+// TestDegradedDownstreamPhase: a local decision reads the downstream phase
+// as retryd does. An unset phase is NOT_ASKED in the record, and in
+// normal mode, where the phase decides nothing, a report of the same step
+// with another phase gets the same decision (retryd answers it from the
+// step record), not a second retry.
+func TestDegradedDownstreamPhase(t *testing.T) {
+	t.Parallel()
+	d := startDegraded(t)
+	d.cut()
+	ctx := testContext(t)
+	const session = "degraded-phase"
+	first, err := d.client.Recover(ctx, failedStep(session, 1, 1, backoffPolicy(5, 5)))
+	if err != nil || !first.Local || !first.Retry {
+		t.Fatalf("Recover while cut off: %+v, %v; want a local retry", first, err)
+	}
+	id := first.Event.GetScheduled().GetRetryId()
+	for _, phase := range []retrydv1.Downstream{retrydv1.Downstream_DOWNSTREAM_NOT_ASKED, retrydv1.Downstream_DOWNSTREAM_DECLINED} {
+		req := failedStep(session, 1, 1, backoffPolicy(5, 5))
+		req.Downstream = phase
+		out, err := d.client.Recover(ctx, req)
+		if err != nil || !out.Local {
+			t.Fatalf("the step again with downstream %v: %+v, %v; want a local decision", phase, out, err)
+		}
+		if got := out.Event.GetScheduled().GetRetryId(); got != id {
+			t.Errorf("the step again with downstream %v: retry %q (number %d), want the same retry %q",
+				phase, got, out.Event.GetScheduled().GetRetryNumber(), id)
+		}
+	}
+	noProvider := failedStep(session, 1, 2, nil)
+	noProvider.Provider, noProvider.PolicySource = "", nil
+	out, err := d.client.Recover(ctx, noProvider)
+	if err != nil || !out.Local {
+		t.Fatalf("a failure without a provider: %+v, %v; want a local delegation", out, err)
+	}
+	if got := out.Event.GetDelegated().GetDownstream(); got != retrydv1.Downstream_DOWNSTREAM_NOT_ASKED {
+		t.Errorf("the local delegation records downstream %v, want %v as retryd records it", got, retrydv1.Downstream_DOWNSTREAM_NOT_ASKED)
+	}
+}

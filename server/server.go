@@ -2,17 +2,15 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/pprof"
 	"runtime"
 	"time"
 
 	"github.com/retryd/retryd"
+	"github.com/retryd/retryd/auth"
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
@@ -27,7 +25,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/reflection"
 )
 
 // Version is the server's version, reported in traces and by `retryd
@@ -50,239 +47,228 @@ func NewLogger(c Config, w io.Writer) *slog.Logger {
 // and the gRPC server stops within ShutdownTimeout. The listeners are bound
 // before Run logs "serving" with their addresses. Tracing and metrics are
 // configured from the OTEL_* variables read through getenv.
+//
+// Run is two steps: build makes the parts, pushing onto one cleanup stack
+// how to release each, and serve serves every listener until its context
+// ends, then stops them in order. The stack runs once, on a failed start
+// as after the shutdown, so each part is released once whatever happened.
 func Run(ctx context.Context, c Config, log *slog.Logger, getenv func(string) string) error {
-	if err := c.Validate(); err != nil {
+	var cl cleanups
+	defer cl.run()
+	p, err := build(ctx, c, log, getenv, &cl)
+	if err != nil {
 		return err
 	}
+	return p.serve(ctx)
+}
+
+// cleanups is a stack of releases: each part build makes pushes how to
+// release it, and run releases them all, the newest first, once.
+type cleanups struct{ fns []func() }
+
+func (c *cleanups) push(f func()) { c.fns = append(c.fns, f) }
+
+func (c *cleanups) run() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+	c.fns = nil
+}
+
+// parts are what build makes and serve runs.
+type parts struct {
+	c   Config
+	log *slog.Logger
+
+	policySrc       *policySource // nil without --config
+	currentPolicies func() *config.Policies
+	policies        *config.Policies // in force at start
+	tel             *telemetry.Telemetry
+	certs           *certSource  // nil without TLS
+	creds           *auth.Source // nil without authentication
+	authOpts        []grpc.ServerOption
+	store           *openedStore
+	// lis is the main port; metricsLis and healthLis are nil unless
+	// configured. Once served is set the servers own them.
+	lis, metricsLis, healthLis net.Listener
+	served                     bool
+	svc                        *service.Service
+	opts                       []grpc.ServerOption // of the main port
+
+	stopping time.Time // when the shutdown began; zero before
+}
+
+// build validates c and makes the parts in this order: the policy file,
+// telemetry, the TLS and credentials files, the store, the listeners, the
+// service. Each part pushes onto cl how to release it, so that when a step
+// fails, running cl releases what was made.
+func build(ctx context.Context, c Config, log *slog.Logger, getenv func(string) string, cl *cleanups) (*parts, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
 	setMemoryLimit(ctx, c.MemoryLimitRatio, log)
-	currentPolicies := config.Default
-	var policySrc *policySource
-	if c.ConfigFile != "" {
-		var err error
-		if policySrc, err = newPolicySource(c.ConfigFile, log); err != nil {
+	p := &parts{c: c, log: log}
+	if err := p.loadPolicies(); err != nil {
+		return nil, err
+	}
+	if err := p.setupTelemetry(ctx, getenv, cl); err != nil {
+		return nil, err
+	}
+	if err := p.loadTransportFiles(); err != nil {
+		return nil, err
+	}
+	if err := p.setupStore(cl); err != nil {
+		return nil, err
+	}
+	if err := p.listen(cl); err != nil {
+		return nil, err
+	}
+	if err := p.newService(getenv); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// loadPolicies loads the policy file (--config); without one the default
+// policies decide.
+func (p *parts) loadPolicies() error {
+	p.currentPolicies = config.Default
+	if p.c.ConfigFile != "" {
+		src, err := newPolicySource(p.c.ConfigFile, p.log)
+		if err != nil {
 			return err
 		}
-		currentPolicies = policySrc.Current
+		p.policySrc, p.currentPolicies = src, src.Current
 	}
-	policies := currentPolicies()
+	p.policies = p.currentPolicies()
+	return nil
+}
+
+// setupTelemetry sets up tracing and metrics; the stack flushes them last,
+// after the "stopped" line (the flush may wait for a collector).
+func (p *parts) setupTelemetry(ctx context.Context, getenv func(string) string, cl *cleanups) error {
 	tel, err := telemetry.Setup(ctx, Version, getenv)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tel.Shutdown(sctx); err != nil {
-			log.Warn("flushing telemetry", "err", err)
-		}
-	}()
+	p.tel = tel
+	cl.push(p.flushTelemetry)
+	cl.push(p.logStopped)
+	return nil
+}
 
-	// The TLS files load before anything opens: a missing or invalid file
-	// refuses the start, naming its flag.
-	var certs *certSource
-	if c.TLSEnabled() {
-		if certs, err = newCertSource(c, log); err != nil {
+func (p *parts) flushTelemetry() {
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := p.tel.Shutdown(sctx); err != nil {
+		p.log.Warn("flushing telemetry", "err", err)
+	}
+}
+
+// logStopped says how long the shutdown took; a start that failed never
+// began one, and says nothing.
+func (p *parts) logStopped() {
+	if !p.stopping.IsZero() {
+		p.log.Info("stopped", "took", time.Since(p.stopping).Round(time.Millisecond))
+	}
+}
+
+// loadTransportFiles loads the TLS files before anything opens: a missing
+// or invalid file refuses the start, naming its flag. So does the
+// credentials file (authentication on); without one, setupAuth warns that
+// every caller is the default tenant.
+func (p *parts) loadTransportFiles() error {
+	var err error
+	if p.c.TLSEnabled() {
+		if p.certs, err = newCertSource(p.c, p.log); err != nil {
 			return err
 		}
 	}
-	// So does the credentials file (authentication on); without one,
-	// setupAuth warns that every caller is the default tenant.
-	creds, authOpts, err := setupAuth(c, log)
-	if err != nil {
-		return err
-	}
+	p.creds, p.authOpts, err = setupAuth(p.c, p.log)
+	return err
+}
 
-	// The store opens before the listeners: a store that cannot be opened
-	// (unreachable, locked, another schema version) refuses the start.
-	redis.SetLogger(log) // before the store dials: go-redis' own lines go through log
-	store, err := openStore(c, log)
+// setupStore opens the store before the listeners: a store that cannot be
+// opened (unreachable, locked, another schema version) refuses the start.
+func (p *parts) setupStore(cl *cleanups) error {
+	redis.SetLogger(p.log) // before the store dials: go-redis' own lines go through log
+	store, err := openStore(p.c, p.log)
 	if err != nil {
 		return err
 	}
-	defer store.close(log)
-	lis, err := net.Listen("tcp", c.Listen)
-	if err != nil {
-		store.stop()
+	p.store = store
+	cl.push(func() { store.close(p.log) }) // on a served run, once the drain is over
+	return nil
+}
+
+// listen binds the main port, then the metrics and health ports when
+// configured.
+func (p *parts) listen(cl *cleanups) error {
+	var err error
+	if p.lis, err = p.bind(cl, p.c.Listen); err != nil {
 		return fmt.Errorf("server: listen: %w", err)
 	}
-	var metricsLis net.Listener
-	if c.MetricsListen != "" {
-		if metricsLis, err = net.Listen("tcp", c.MetricsListen); err != nil {
-			lis.Close()
-			store.stop()
+	if p.c.MetricsListen != "" {
+		if p.metricsLis, err = p.bind(cl, p.c.MetricsListen); err != nil {
 			return fmt.Errorf("server: metrics listen: %w", err)
 		}
 	}
-	var healthLis net.Listener
-	if c.HealthListen != "" {
-		if healthLis, err = net.Listen("tcp", c.HealthListen); err != nil {
-			lis.Close()
-			if metricsLis != nil {
-				metricsLis.Close()
-			}
-			store.stop()
+	if p.c.HealthListen != "" {
+		if p.healthLis, err = p.bind(cl, p.c.HealthListen); err != nil {
 			return fmt.Errorf("server: health listen: %w", err)
 		}
 	}
+	return nil
+}
 
-	// Metrics are read through the /metrics endpoint or pushed
-	// (OTEL_METRICS_EXPORTER): with neither the service records into a
-	// no-op provider, which costs nothing per call.
-	metricsRead := metricsLis != nil || tel.MetricsPushed
+// bind listens on addr. The stack closes the listener unless a server
+// has taken it (served): a server closes its listener when it stops.
+func (p *parts) bind(cl *cleanups, addr string) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	cl.push(func() {
+		if !p.served {
+			lis.Close()
+		}
+	})
+	return lis, nil
+}
+
+// newService makes the service and the options of the main port.
+// Metrics are read through the /metrics endpoint or pushed
+// (OTEL_METRICS_EXPORTER): with neither the service records into a
+// no-op provider, which costs nothing per call.
+func (p *parts) newService(getenv func(string) string) error {
+	metricsRead := p.metricsLis != nil || p.tel.MetricsPushed
 	var meter metric.MeterProvider = metricnoop.NewMeterProvider()
 	if metricsRead {
-		meter = tel.Meter
+		meter = p.tel.Meter
 	}
-	if policySrc != nil {
-		if err := policySrc.registerMetrics(meter); err != nil {
-			store.stop()
+	if p.policySrc != nil {
+		if err := p.policySrc.registerMetrics(meter); err != nil {
 			return fmt.Errorf("server: metrics: %w", err)
 		}
 	}
-	svc, err := service.New(store.Store, // the store itself: its gauges come from its Stats
-		service.WithPolicySource(currentPolicies), service.WithLogger(log),
-		service.WithTracerProvider(tel.Tracer), service.WithMeterProvider(meter),
-		service.WithLimits(c.Limits()))
+	svc, err := service.New(p.store.Store, // the store itself: its gauges come from its Stats
+		service.WithPolicySource(p.currentPolicies), service.WithLogger(p.log),
+		service.WithTracerProvider(p.tel.Tracer), service.WithMeterProvider(meter),
+		service.WithLimits(p.c.Limits()))
 	if err != nil {
-		store.stop()
 		return err
 	}
-	opts, observe, err := rpcTelemetryOptions(tel, metricsRead, getenv)
+	opts, observe, err := rpcTelemetryOptions(p.tel, metricsRead, getenv)
 	if err != nil {
-		store.stop()
 		return err
 	}
-	opts = append(opts, limitOptions(c, observe)...)
+	opts = append(opts, limitOptions(p.c, observe)...)
 	opts = append(opts, grpc.ForceServerCodecV2(pooledCodec{}), grpc.NumStreamWorkers(streamWorkers()))
-	if certs != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(certs.serverConfig())))
+	if p.certs != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(p.certs.serverConfig())))
 	}
-	opts = append(opts, authOpts...) // the main port only: the health port needs none
-	srv := grpc.NewServer(opts...)
-	retrydv1.RegisterRetryServiceServer(srv, svc)
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(retrydv1.RetryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	reportPolicyFile(policySrc, hs)
-	healthpb.RegisterHealthServer(srv, hs)
-	// A store whose state lives in a server of its own (Redis) is probed:
-	// health reports NOT_SERVING while that server does not answer.
-	stopProbing := probeStore(store.Store, hs, log)
-	reflection.Register(srv)
-	// The health port is plaintext and serves only the same health server,
-	// so NOT_SERVING at shutdown shows on both ports.
-	var healthSrv *grpc.Server
-	if healthLis != nil {
-		healthSrv = grpc.NewServer(limitOptions(c, nil)...)
-		healthpb.RegisterHealthServer(healthSrv, hs)
-	}
-	watchCtx, stopWatching := context.WithCancel(context.Background())
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		if certs != nil {
-			certs.Watch(watchCtx, c.TLSReloadInterval)
-		}
-	}()
-	authWatched := watchAuth(watchCtx, creds, c.AuthReloadInterval)
-	policiesWatched := closedChan()
-	if policySrc != nil {
-		policiesWatched = policySrc.watch(watchCtx, c.ConfigReloadInterval)
-	}
-
-	observeCtx, stopObserving := context.WithCancel(context.Background())
-	observed := make(chan struct{})
-	go func() {
-		defer close(observed)
-		if err := svc.Observe(observeCtx); err != nil {
-			log.Error("observing the event log", "err", err)
-		}
-	}()
-
-	serveErr := make(chan error, 3)
-	go func() { serveErr <- srv.Serve(lis) }()
-	if healthSrv != nil {
-		go func() {
-			if err := healthSrv.Serve(healthLis); err != nil {
-				serveErr <- fmt.Errorf("health: %w", err)
-			}
-		}()
-	}
-	var metricsSrv *http.Server
-	if metricsLis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", tel.Handler)
-		if c.Pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
-				serveErr <- fmt.Errorf("metrics: %w", err)
-			}
-		}()
-	}
-	attrs := []any{"addr", lis.Addr().String(), "store", store.kind, "tracing", tel.TracingEnabled,
-		"named_policies", len(policies.Names()), "provider_policies", len(policies.Providers())}
-	if store.dir != "" {
-		attrs = append(attrs, "store_dir", store.dir)
-	}
-	if metricsLis != nil {
-		attrs = append(attrs, "metrics_addr", metricsLis.Addr().String())
-	}
-	attrs = append(attrs, "metrics_pushed", tel.MetricsPushed)
-	attrs = append(attrs, "tls", c.TLSEnabled(), "mtls", c.MTLSEnabled())
-	attrs = append(attrs, "auth", c.AuthEnabled())
-	if healthLis != nil {
-		attrs = append(attrs, "health_addr", healthLis.Addr().String())
-	}
-	log.Info("serving", attrs...)
-
-	var runErr error
-	select {
-	case err := <-serveErr:
-		runErr = fmt.Errorf("server: serve: %w", err)
-	case <-ctx.Done():
-	}
-
-	start := time.Now()
-	log.Info("shutting down", "timeout", c.ShutdownTimeout)
-	stopProbing()
-	hs.Shutdown() // NOT_SERVING: load balancers stop sending new work
-	store.stop()  // awaiters get Cancelled(shutdown); watchers end
-	stopped := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(stopped)
-	}()
-	select {
-	case <-stopped:
-	case <-time.After(c.ShutdownTimeout):
-		log.Warn("graceful stop timed out; closing remaining connections")
-		srv.Stop()
-		<-stopped
-	}
-	if healthSrv != nil {
-		healthSrv.Stop() // probes saw NOT_SERVING through the drain
-	}
-	stopWatching()
-	<-watched
-	<-authWatched
-	<-policiesWatched
-	stopObserving()
-	<-observed
-	if metricsSrv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_ = metricsSrv.Shutdown(sctx)
-		cancel()
-	}
-	store.close(log) // in-flight calls have drained
-	log.Info("stopped", "took", time.Since(start).Round(time.Millisecond))
-	return runErr
+	p.svc, p.opts = svc, append(opts, p.authOpts...) // the main port only: the health port needs none
+	return nil
 }
 
 // rpcTelemetryOptions are the options that record every call of the main
@@ -322,21 +308,20 @@ func streamWorkers() uint32 { return uint32(16 * runtime.GOMAXPROCS(0)) }
 
 // openedStore is the configured store with its two steps of shutdown:
 // stop ends its streams and timers before the drain (idempotent), close
-// frees what it holds (the database file) once no call can reach it.
+// stops it and frees what it holds (the database file, the connections)
+// once no call can reach it. stop and release are the store's own methods.
 type openedStore struct {
 	service.Store
 	kind, dir string
 	stop      func()
-	release   func() error
-	released  bool
+	release   func() error // nil: nothing to free
 }
 
 func (s *openedStore) close(log *slog.Logger) {
-	if s.released {
+	s.stop()
+	if s.release == nil {
 		return
 	}
-	s.released = true
-	s.stop()
 	if err := s.release(); err != nil {
 		log.Error("closing the store", "err", err)
 	}
@@ -348,7 +333,7 @@ func openStore(c Config, log *slog.Logger) (*openedStore, error) {
 	switch kind, dir := c.StoreKind(); kind {
 	case StoreMemory:
 		s := memory.New(mc)
-		return &openedStore{Store: s, kind: kind, stop: s.Close, release: func() error { return nil }}, nil
+		return &openedStore{Store: s, kind: kind, stop: s.Close}, nil
 	case "file":
 		s, err := file.Open(dir, mc)
 		if err != nil {

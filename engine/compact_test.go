@@ -23,7 +23,7 @@ func TestCommittedRecordAnswersAsBefore(t *testing.T) {
 	s := NewSession("s", base)
 	req := &retrydv1.FailedStepRequest{SessionId: "s", Turn: 1, Step: 1, Provider: "p",
 		Failure: &retrydv1.Failure{Code: "SERVER"}}
-	out, err := s.Fail(env(0), Failure{Request: req, Policy: p}, fleet.ProviderState{})
+	out, err := s.Fail(env(0), Failure{Request: req, Policy: p})
 	if err != nil || out.Scheduled == nil {
 		t.Fatalf("Fail: %v, %+v", err, out)
 	}
@@ -33,7 +33,7 @@ func TestCommittedRecordAnswersAsBefore(t *testing.T) {
 	if rec := s.record(retrydv1.Downstream_DOWNSTREAM_NOT_ASKED); rec == nil || rec.event != nil {
 		t.Fatalf("record after Commit: %+v, want it compact", rec)
 	}
-	again, err := s.Fail(env(1), Failure{Request: req, Policy: p}, fleet.ProviderState{})
+	again, err := s.Fail(env(1), Failure{Request: req, Policy: p})
 	if err != nil || len(again.Events) != 0 {
 		t.Fatalf("replay: %v, %d events", err, len(again.Events))
 	}
@@ -59,7 +59,7 @@ func TestChainKeepsNewestAttempts(t *testing.T) {
 				Failure: &retrydv1.Failure{Code: "SERVER"}},
 			Policy:       p,
 			AttemptTrace: fmt.Sprintf("t%02d", i),
-		}, fleet.ProviderState{})
+		})
 		if err != nil {
 			t.Fatalf("Fail %d: %v", i, err)
 		}
@@ -116,19 +116,23 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 	}{
 		{name: "plain, started", f: Failure{Policy: bounded}},
 		{name: "plain, cancelled", f: Failure{Policy: bounded}, cancel: true},
-		{name: "every text, unbounded, started", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", FleetKey: "p", FleetConfig: fleet.DefaultConfig()}},
-		{name: "every text, unbounded, cancelled", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", FleetKey: "p", FleetConfig: fleet.DefaultConfig()}, cancel: true},
+		{name: "every text, unbounded, started", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: &Fleet{Key: "p", Config: fleet.DefaultConfig()}}},
+		{name: "every text, unbounded, cancelled", f: Failure{Policy: unbounded, BackoffTrace: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", Fleet: &Fleet{Key: "p", Config: fleet.DefaultConfig()}}, cancel: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := NewSession("s", base)
 			tc.f.Request = &retrydv1.FailedStepRequest{SessionId: "s", Turn: 2, Step: 3, Provider: "p",
 				LogicalTurnId: "lt", Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}}
-			if tc.f.FleetKey == "" {
+			if tc.f.Fleet == nil {
 				tc.f.Request.LogicalTurnId = ""
+			} else {
+				// A budget five tokens short paces the schedule-mode retry
+				// past its policy's 2 s, and says so.
+				fl := *tc.f.Fleet
+				fl.State = fleet.ProviderState{Tokens: -5, TokensAt: env(0).Now}
+				tc.f.Fleet = &fl
 			}
-			// A budget five tokens short paces the schedule-mode retry past
-			// its policy's 2 s, and says so.
-			out, err := s.Fail(env(0), tc.f, fleet.ProviderState{Tokens: -5, TokensAt: env(0).Now})
+			out, err := s.Fail(env(0), tc.f)
 			if err != nil || out.Scheduled == nil {
 				t.Fatalf("Fail: %v, %v", err, out.Response)
 			}
@@ -144,7 +148,7 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 			if tc.f.Policy.Bounded {
 				want.MaxRetries = proto.Uint32(tc.f.Policy.MaxRetries)
 			}
-			if tc.f.FleetKey != "" {
+			if tc.f.Fleet != nil {
 				want.Detail = "retry budget empty: paced to the next token at 12:00:06.000 (refill 1/s)"
 			}
 			if !proto.Equal(sc, want) || sc.GetDelayMs() == 0 || sc.GetDelaySource() == retrydv1.DelaySource_DELAY_SOURCE_UNSPECIFIED {
@@ -152,7 +156,7 @@ func TestRetryMessagesMatchTheirEvents(t *testing.T) {
 			}
 			s.Commit()
 			if tc.cancel {
-				ev := s.Cancel(env(1), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)[0]
+				ev := s.Cancel(env(1), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, nil).Events[0]
 				want := &retrydv1.RetryCancelled{RetryId: r.ID, Reason: retrydv1.CancelReason_CANCEL_REASON_REQUESTED,
 					Turn: sc.GetTurn(), Step: sc.GetStep(), RetryNumber: sc.GetRetryNumber()}
 				if !proto.Equal(ev.GetCancelled(), want) || !proto.Equal(r.Cancelled(), want) || r.Started() != nil {

@@ -24,22 +24,29 @@ type Failure struct {
 	// BackoffTrace is the W3C traceparent of the backoff span the service
 	// opened for a retry this failure may schedule.
 	BackoffTrace string
-	// FleetKey names the fleet protection state of the failure's (tenant,
-	// provider) in the store, and FleetConfig is its configuration; an
-	// empty FleetKey: the provider is not protected. The store reads that
-	// state in the transaction that reads the session, hands it to Fail,
-	// and saves the state Fail returns (FailOutcome.Fleet) with the
-	// session.
-	FleetKey    string
-	FleetConfig fleet.Config
+	// Fleet is the fleet protection of the failure's provider, nil when it
+	// is not protected: its key and configuration are the service's, its
+	// State the one the store read in the transaction that reads the
+	// session. The store saves the state Fail returns (FailOutcome.Fleet)
+	// with the session.
+	Fleet *Fleet
 }
 
-// Fleet is fleet protection of a retry's provider as Start takes it: the
-// configuration, and the state the store read in the transaction that
-// reads the session.
+// Fleet is fleet protection of a provider as the transitions take it and
+// return it: which state (Key, a tenant's provider), the configuration it
+// is decided with, and the state itself. Fail, Start and Cancel take one
+// as the store read it in the session's transaction and return the state
+// after them as another, for the store to save in the same transaction;
+// nil in: not protected, nil out: unchanged.
 type Fleet struct {
+	Key    string
 	Config fleet.Config
 	State  fleet.ProviderState
+}
+
+// apply returns fl after report r at now.
+func (fl *Fleet) apply(r fleet.Report, now time.Time) *Fleet {
+	return &Fleet{Key: fl.Key, Config: fl.Config, State: fleet.Apply(fl.Config, fl.State, r, now)}
 }
 
 // FailOutcome is what Fail changed.
@@ -54,13 +61,12 @@ type FailOutcome struct {
 	// PreviousAttempts are the traceparents of the chain's earlier failed
 	// attempts (not this one), oldest first, for span links.
 	PreviousAttempts []string
-	// Fleet is the fleet state to save with the session when FleetChanged:
-	// a new decision of a failure with a FleetKey changes it.
-	Fleet        fleet.ProviderState
-	FleetChanged bool
+	// Fleet is the fleet state to save with the session, nil when
+	// unchanged: a new decision of a protected failure changes it.
+	Fleet *Fleet
 	// FleetQueued is set when fleet protection admitted Scheduled: Fleet
-	// counts it queued until it starts, or until the service reports it
-	// dropped (fleet.ReportDropped).
+	// counts it queued until it starts or is cancelled (Scheduled keeps
+	// the state's key, Retry.FleetKey, for that).
 	FleetQueued bool
 }
 
@@ -75,11 +81,9 @@ type FailOutcome struct {
 // STEP_RECORD_CONFLICT or DELEGATION_CANCELLED (an answered step), and
 // RETRY_PENDING (TestRefusalPrecedence).
 //
-// With f.FleetKey, fleetState is the provider's fleet state as the store
-// read it: a new decision goes through fleet.Decide, and the state after it
-// comes back in the outcome for the store to save. Without, fleetState is
-// not used.
-func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (FailOutcome, error) {
+// With f.Fleet, a new decision goes through fleet.Decide, and the state
+// after it comes back in the outcome for the store to save.
+func (s *Session) Fail(env Env, f Failure) (FailOutcome, error) {
 	req := f.Request
 	pos := position{req.GetTurn(), req.GetStep()}
 	phase := policy.PhaseOf(req.GetDownstream())
@@ -135,9 +139,10 @@ func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (Fail
 		}
 		a := policy.AttemptOf(req, used, f.RetryAfter)
 		d := p.Decide(a, env.Now, env.Rand)
-		if f.FleetKey != "" {
-			fd := fleet.Decide(f.FleetConfig, fleetState, p, a, d, env.Now, env.Rand)
-			d, out.Fleet, out.FleetChanged, out.FleetQueued = fd.Decision, fd.State, true, fd.Queued
+		if fl := f.Fleet; fl != nil {
+			fd := fleet.Decide(fl.Config, fl.State, p, a, d, env.Now, env.Rand)
+			d, out.FleetQueued = fd.Decision, fd.Queued
+			out.Fleet = &Fleet{Key: fl.Key, Config: fl.Config, State: fd.State}
 		}
 		if p.Mode == retrydv1.Mode_MODE_ALWAYS && d.Reason == retrydv1.DelegateReason_DELEGATE_REASON_DOWNSTREAM_FIRST {
 			at := pos // only this branch keeps a pointer: pos stays on the stack
@@ -161,6 +166,9 @@ func (s *Session) Fail(env Env, f Failure, fleetState fleet.ProviderState) (Fail
 				chain.Max = &p.MaxRetries
 			}
 			r := s.schedule(env, f, chain, d)
+			if out.FleetQueued {
+				r.fleetKey = f.Fleet.Key
+			}
 			scheduled = r
 			x := new(struct { // the event, its oneof, its time and the record: one allocation
 				ev   retrydv1.Event

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
@@ -216,7 +215,7 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 			trail = append(trail, operation{session: rs.s.ID, what: "Fail", req: req})
 			if op >= 55 {
 				cp := rs.s.Checkpoint()
-				rs.s.Fail(e, Failure{Request: req, Policy: p}, fleet.ProviderState{})
+				rs.s.Fail(e, Failure{Request: req, Policy: p})
 				rs.s.Revert(cp)
 				trail[len(trail)-1].what = "Fail (reverted)"
 				continue
@@ -226,7 +225,7 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 			if pos := (position{req.GetTurn(), req.GetStep()}); !rs.seen || pos != rs.latest {
 				answered = false
 			}
-			out, err := rs.s.Fail(e, Failure{Request: req, Policy: p}, fleet.ProviderState{})
+			out, err := rs.s.Fail(e, Failure{Request: req, Policy: p})
 			switch {
 			case err != nil && len(out.Events) > 0:
 				return failf("a refused report logged %d events: %v", len(out.Events), err)
@@ -262,13 +261,14 @@ func runRandomSessions(t *testing.T, seed uint64, ops int, policies []spelled) b
 		case op < 82:
 			if r := rs.s.Pending(); r != nil {
 				trail = append(trail, operation{session: rs.s.ID, what: "Cancel " + r.ID})
-				if !logged(rs, rs.s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)) {
+				if !logged(rs, rs.s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, nil).Events) {
 					return false
 				}
 			}
 		case op < 86:
 			trail = append(trail, operation{session: rs.s.ID, what: "CancelAll"})
-			_, _, evs := rs.s.CancelAll(e)
+			ca := rs.s.CancelAll(e, nil)
+			_, _, evs := ca.States, ca.Delegation, ca.Events
 			if !logged(rs, evs) {
 				return false
 			}

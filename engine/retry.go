@@ -49,6 +49,9 @@ type Retry struct {
 	// may hold fields this version does not know); nil for a retry this
 	// process scheduled.
 	stored *storedRetry
+	// fleetKey names the fleet state that counts the retry queued, when
+	// fleet protection admitted it (see FleetKey).
+	fleetKey string
 
 	// done is made by the first Done call of a retry that is not yet
 	// committed terminal, closed by Commit and then dropped: a retry
@@ -88,6 +91,10 @@ func (r *Retry) Done() <-chan struct{} {
 	}
 	return r.done
 }
+
+// FleetKey names the fleet state that counts the retry queued until it
+// starts or is cancelled, "" when fleet protection did not admit it.
+func (r *Retry) FleetKey() string { return r.fleetKey }
 
 // Due is when the retry's backoff ends: its scheduled start.
 func (r *Retry) Due() time.Time { return time.Unix(0, r.due) }

@@ -86,6 +86,7 @@ func (r *Retry) Snapshot() *statev1.Retry {
 		Scheduled: r.Scheduled(),
 		Started:   r.Started(),
 		Cancelled: r.Cancelled(),
+		FleetKey:  r.fleetKey,
 	}
 }
 
@@ -252,6 +253,7 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 		failure:     sc.GetFailure(),
 		policy:      sc.GetPolicy(),
 		stored:      &storedRetry{sc, started, cancelled},
+		fleetKey:    pr.GetFleetKey(),
 		chain:       chain,
 	}
 	if started.GetStartedAt() != nil {

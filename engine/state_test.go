@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retryd/retryd/fleet"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
@@ -90,7 +89,7 @@ func script(t *testing.T) []step {
 				Policy:       p,
 				AttemptTrace: fmt.Sprintf("00-%032x-%016x-01", turn*1000+st, st+1),
 				BackoffTrace: fmt.Sprintf("00-%032x-%016x-01", turn*1000+st, st+2),
-			}, fleet.ProviderState{})
+			})
 			r := result{err: errString(err)}
 			if out.Response != nil {
 				r.msgs = append(r.msgs, out.Response)
@@ -121,7 +120,7 @@ func script(t *testing.T) []step {
 		}
 		r := s.Pending()
 		var msgs []proto.Message
-		for _, ev := range s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED) {
+		for _, ev := range s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, nil).Events {
 			msgs = append(msgs, ev)
 		}
 		return result{msgs: append(msgs, r.State())}
@@ -131,10 +130,11 @@ func script(t *testing.T) []step {
 			return result{err: "no retries"}
 		}
 		r := s.Retries()[0]
-		return result{msgs: []proto.Message{r.State()}, err: fmt.Sprint(len(s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)))}
+		return result{msgs: []proto.Message{r.State()}, err: fmt.Sprint(len(s.Cancel(e, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, nil).Events))}
 	}}
 	cancelAll := step{"cancel all", func(s *Session, e Env) result {
-		states, deleg, evs := s.CancelAll(e)
+		ca := s.CancelAll(e, nil)
+		states, deleg, evs := ca.States, ca.Delegation, ca.Events
 		r := result{err: fmt.Sprint(deleg)}
 		for _, st := range states {
 			r.msgs = append(r.msgs, st)
@@ -353,7 +353,7 @@ func TestRestoreRefusesInconsistentSnapshots(t *testing.T) {
 	normal := resolve(t, nil)
 	s := NewSession("s", base)
 	if _, err := s.Fail(env(0), Failure{Policy: normal, Request: &retrydv1.FailedStepRequest{
-		SessionId: "s", Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}}}, fleet.ProviderState{}); err != nil {
+		SessionId: "s", Turn: 1, Step: 1, Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}}}); err != nil {
 		t.Fatal(err)
 	}
 	cases := map[string]func(*statev1.Session){

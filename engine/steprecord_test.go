@@ -4,7 +4,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
@@ -43,7 +42,7 @@ func (r *recorder) log(evs []*retrydv1.Event) {
 
 func (r *recorder) fail(req *retrydv1.FailedStepRequest, p *policy.Policy) (FailOutcome, error) {
 	r.t.Helper()
-	out, err := r.s.Fail(r.env(), Failure{Request: req, Policy: p}, fleet.ProviderState{})
+	out, err := r.s.Fail(r.env(), Failure{Request: req, Policy: p})
 	r.log(out.Events)
 	return out, err
 }
@@ -59,12 +58,13 @@ func (r *recorder) start() {
 
 func (r *recorder) cancel() {
 	r.t.Helper()
-	r.log(r.s.Cancel(r.env(), r.s.Pending(), retrydv1.CancelReason_CANCEL_REASON_REQUESTED))
+	r.log(r.s.Cancel(r.env(), r.s.Pending(), retrydv1.CancelReason_CANCEL_REASON_REQUESTED, nil).Events)
 }
 
 func (r *recorder) cancelAll() {
 	r.t.Helper()
-	_, _, evs := r.s.CancelAll(r.env())
+	ca := r.s.CancelAll(r.env(), nil)
+	_, _, evs := ca.States, ca.Delegation, ca.Events
 	r.log(evs)
 }
 

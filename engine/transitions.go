@@ -19,9 +19,9 @@ type StartOutcome struct {
 	// HeldUntil is set when fleet protection held the due retry back: when
 	// to try again. Due, the scheduled time, never changes.
 	HeldUntil time.Time
-	// Fleet is the fleet state to save with the session when FleetChanged.
-	Fleet        fleet.ProviderState
-	FleetChanged bool
+	// Fleet is the fleet state to save with the session, nil when
+	// unchanged.
+	Fleet *Fleet
 }
 
 // Start records that r's backoff ended with an awaiter present. It records
@@ -40,7 +40,7 @@ func (s *Session) Start(env Env, r *Retry, fl *Fleet) StartOutcome {
 	var out StartOutcome
 	if fl != nil {
 		v, next := fleet.StartDue(fl.Config, fl.State, env.Now, env.Rand)
-		out.Fleet, out.FleetChanged = next, true
+		out.Fleet = &Fleet{Key: fl.Key, Config: fl.Config, State: next}
 		if v.Action == fleet.StartLater {
 			out.HeldUntil = v.At
 			return out
@@ -65,12 +65,30 @@ func (s *Session) Start(env Env, r *Retry, fl *Fleet) StartOutcome {
 	return out
 }
 
+// CancelOutcome is what Cancel and CancelAll changed.
+type CancelOutcome struct {
+	// States are the states of the retries CancelAll cancelled.
+	States []*retrydv1.RetryState
+	// Delegation is set when CancelAll closed an open delegation.
+	Delegation bool
+	// Events to append to the log, in order; none when nothing changed.
+	Events []*retrydv1.Event
+	// Fleet is the fleet state to save with the session, nil when
+	// unchanged: a cancelled retry fleet protection queued leaves the
+	// queue.
+	Fleet *Fleet
+}
+
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
 // retry is a no-op that records nothing. r's awaiters are released by the
 // store's next Commit.
-func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*retrydv1.Event {
+//
+// With fl, the fleet state r's key names (Retry.FleetKey) as the store read
+// it, a retry fleet protection queued leaves the queue in the same
+// transition (fleet.ReportDropped), whichever replica cancels it.
+func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason, fl *Fleet) CancelOutcome {
 	if r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
-		return nil
+		return CancelOutcome{}
 	}
 	r.Status, r.reason = retrydv1.RetryStatus_RETRY_STATUS_CANCELLED, reason
 	if s.pending == r {
@@ -93,30 +111,34 @@ func (s *Session) Cancel(env Env, r *Retry, reason retrydv1.CancelReason) []*ret
 	if r.chain.Open && r.chain.Latest == r {
 		evs = append(evs, s.closeChain(env, r.chain, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
 	}
-	return evs
+	out := CancelOutcome{Events: evs}
+	if fl != nil && r.fleetKey != "" && fl.Key == r.fleetKey {
+		out.Fleet = fl.apply(fleet.ReportDropped, env.Now)
+	}
+	return out
 }
 
-// CancelAll cancels the session's pending retry and open always-mode
-// delegation, and closes its open chains. It returns the states of the
-// retries it touched and whether a delegation was closed.
-func (s *Session) CancelAll(env Env) (states []*retrydv1.RetryState, delegation bool, evs []*retrydv1.Event) {
+// CancelAll cancels the session's pending retry (with fl as Cancel takes
+// it) and open always-mode delegation, and closes its open chains.
+func (s *Session) CancelAll(env Env, fl *Fleet) CancelOutcome {
+	var out CancelOutcome
 	if r := s.pending; r != nil {
-		evs = s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED)
-		states = []*retrydv1.RetryState{r.state(evs[0].GetCancelled())}
+		out = s.Cancel(env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, fl)
+		out.States = []*retrydv1.RetryState{r.state(out.Events[0].GetCancelled())}
 	}
 	if d := s.delegation; d != nil {
-		evs = append(evs, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
+		out.Events = append(out.Events, s.event(env, &retrydv1.Event{Kind: &retrydv1.Event_Cancelled{Cancelled: &retrydv1.RetryCancelled{
 			Reason: retrydv1.CancelReason_CANCEL_REASON_REQUESTED, Turn: d.turn, Step: d.step,
 		}}}, new(timestamppb.Timestamp)))
-		s.cancelled, s.delegation, delegation = d, nil, true
+		s.cancelled, s.delegation, out.Delegation = d, nil, true
 	}
 	for _, c := range s.sortedChains() {
 		if c.Open {
-			evs = append(evs, s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
+			out.Events = append(out.Events, s.closeChain(env, c, retrydv1.CloseReason_CLOSE_REASON_CANCELLED))
 		}
 	}
 	s.updated = env.Now.UnixNano()
-	return states, delegation, evs
+	return out
 }
 
 // Succeed records a successful step: every open chain closes, so the next

@@ -98,7 +98,7 @@ func (p *parts) start(s *servers) stops {
 	st := stops{health: func() {}, metrics: func() {}}
 	// A store whose state lives in a server of its own (Redis) is probed:
 	// health reports NOT_SERVING while that server does not answer.
-	st.probing = probeStore(p.store.Store, s.hs, p.log)
+	st.probing = probeStore(p.store.Backend, s.hs, p.log)
 	st.watching = goUntilStopped(p.watchFiles)
 	st.observing = goUntilStopped(p.observe)
 	p.served = true // from here on the servers close the listeners

@@ -14,6 +14,7 @@ import (
 	"github.com/retryd/retryd/config"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/store/redis"
@@ -251,7 +252,7 @@ func (p *parts) newService(getenv func(string) string) error {
 			return fmt.Errorf("server: metrics: %w", err)
 		}
 	}
-	svc, err := service.New(p.store.Store, // the store itself: its gauges come from its Stats
+	svc, err := service.New(p.store.Backend, // the store itself: its gauges come from its Stats
 		service.WithPolicySource(p.currentPolicies), service.WithLogger(p.log),
 		service.WithTracerProvider(p.tel.Tracer), service.WithMeterProvider(meter),
 		service.WithLimits(p.c.Limits()))
@@ -311,7 +312,7 @@ func streamWorkers() uint32 { return uint32(16 * runtime.GOMAXPROCS(0)) }
 // stops it and frees what it holds (the database file, the connections)
 // once no call can reach it. stop and release are the store's own methods.
 type openedStore struct {
-	service.Store
+	store.Backend
 	kind, dir string
 	stop      func()
 	release   func() error // nil: nothing to free
@@ -328,24 +329,24 @@ func (s *openedStore) close(log *slog.Logger) {
 }
 
 func openStore(c Config, log *slog.Logger) (*openedStore, error) {
-	opts := service.StoreOptions{ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize, Log: log}
-	mc := memory.Config{StoreOptions: opts}
+	opts := store.Options{ChainTTL: c.ChainTTL, AbandonGrace: c.AbandonGrace, EventLogSize: c.EventLogSize, Log: log}
+	mc := memory.Config{Options: opts}
 	switch kind, dir := c.StoreKind(); kind {
 	case StoreMemory:
 		s := memory.New(mc)
-		return &openedStore{Store: s, kind: kind, stop: s.Close}, nil
+		return &openedStore{Backend: s, kind: kind, stop: func() { _ = s.Close() }}, nil
 	case "file":
 		s, err := file.Open(dir, mc)
 		if err != nil {
 			return nil, fmt.Errorf("server: store: %w", err)
 		}
-		return &openedStore{Store: s, kind: kind, dir: dir, stop: s.Store.Close, release: s.Close}, nil
+		return &openedStore{Backend: s, kind: kind, dir: dir, stop: func() { _ = s.Store.Close() }, release: s.Close}, nil
 	case "redis":
-		s, err := redis.Open(context.Background(), redis.Config{URL: dir, StoreOptions: opts})
+		s, err := redis.Open(context.Background(), redis.Config{URL: dir, Options: opts})
 		if err != nil {
 			return nil, fmt.Errorf("server: store: %w", err)
 		}
-		return &openedStore{Store: s, kind: kind, stop: s.Stop, release: s.Close}, nil
+		return &openedStore{Backend: s, kind: kind, stop: s.Stop, release: s.Close}, nil
 	default:
 		return nil, &FieldError{Field: "store", Value: c.Store, Reason: "want memory, file:DIR, redis://host:port/db, redis://sentinel:26379/db?master_name=NAME or redis://node:6379?addr=node2:6379 (Cluster)"}
 	}
@@ -378,14 +379,14 @@ func reportPolicyFile(ps *policySource, hs *health.Server) {
 // storeProbeInterval is how often probeStore asks the store.
 const storeProbeInterval = time.Second
 
-// probeStore asks a store that implements service.Pinger every
+// probeStore asks a store that implements store.Pinger every
 // storeProbeInterval whether it can reach its state, and sets the health
 // status of "" and of the RetryService to match: NOT_SERVING while it
 // cannot (its calls fail UNAVAILABLE meanwhile), SERVING again once it
 // can. It logs each change. The returned function stops the probe and
 // waits for it; for other stores it does nothing.
-func probeStore(store service.Store, hs *health.Server, log *slog.Logger) (stop func()) {
-	p, ok := store.(service.Pinger)
+func probeStore(b store.Backend, hs *health.Server, log *slog.Logger) (stop func()) {
+	p, ok := b.(store.Pinger)
 	if !ok {
 		return func() {}
 	}

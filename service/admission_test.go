@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/tenant"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -28,7 +29,7 @@ import (
 
 // startLimited starts a server with admission limits, as eachBackend
 // does.
-func startLimited(t *testing.T, open func(*testing.T, memory.Config) service.Store, limits admission.Limits) (*harness, *service.Service) {
+func startLimited(t *testing.T, open func(*testing.T, memory.Config) store.Backend, limits admission.Limits) (*harness, *service.Service) {
 	t.Helper()
 	return startHarness(t, open, harnessOpts{limits: &limits})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/store/redis"
@@ -486,7 +487,7 @@ func (g *agreeGen) nextFor(i int, pending func(tenant, session string) bool) agr
 // deployment is one store, served by one or more replicas over gRPC.
 type deployment struct {
 	name string
-	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)
+	open func(t *testing.T, cfg memory.Config) (store.Backend, func() error)
 	// restartable: a restart op replaces a replica (the memory store
 	// would start empty, so it ignores them).
 	restartable bool
@@ -562,11 +563,11 @@ var (
 )
 
 func newDeployment(t *testing.T, name string, start time.Time, policies *config.Policies, replicas int, restartable bool,
-	open func(t *testing.T, cfg memory.Config) (service.Store, func() error)) *deployment {
+	open func(t *testing.T, cfg memory.Config) (store.Backend, func() error)) *deployment {
 	d := &deployment{name: name, open: open, now: start, policies: policies, restartable: restartable,
 		ids: &idBook{seen: map[string]int{}}, books: map[string]*idBook{},
 		latest: map[string]string{}, due: map[string]time.Time{}}
-	d.cfg = memory.Config{StoreOptions: service.StoreOptions{
+	d.cfg = memory.Config{Options: store.Options{
 		Now: d.clock,
 		NewID: func() string {
 			d.mu.Lock()
@@ -647,7 +648,7 @@ func (d *deployment) start(t *testing.T) *agreeReplica {
 // memoryDeployment is the reference: the memory store, never restarted
 // (it would start empty).
 func memoryDeployment(t *testing.T, start time.Time, policies *config.Policies) *deployment {
-	return newDeployment(t, "memory", start, policies, 1, false, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+	return newDeployment(t, "memory", start, policies, 1, false, func(t *testing.T, cfg memory.Config) (store.Backend, func() error) {
 		s := memory.New(cfg)
 		return s, func() error { s.Close(); return nil }
 	})
@@ -661,7 +662,7 @@ func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *d
 	if policies != nil && policies.HasFleet() {
 		name, restartable = "file", false
 	}
-	return newDeployment(t, name, start, policies, 1, restartable, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+	return newDeployment(t, name, start, policies, 1, restartable, func(t *testing.T, cfg memory.Config) (store.Backend, func() error) {
 		s, err := file.Open(dir, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -674,9 +675,9 @@ func fileDeployment(t *testing.T, start time.Time, policies *config.Policies) *d
 // partitioned says whether its layout has several partitions.
 func redisDeployment(t *testing.T, name, url string, partitioned bool, start time.Time, policies *config.Policies) *deployment {
 	prefix := redistest.Prefix()
-	d := newDeployment(t, name, start, policies, 2, true, func(t *testing.T, cfg memory.Config) (service.Store, func() error) {
+	d := newDeployment(t, name, start, policies, 2, true, func(t *testing.T, cfg memory.Config) (store.Backend, func() error) {
 		s, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: prefix,
-			StoreOptions: service.StoreOptions{ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand}})
+			Options: store.Options{ChainTTL: cfg.ChainTTL, AbandonGrace: cfg.AbandonGrace, Now: cfg.Now, NewID: cfg.NewID, Rand: cfg.Rand}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/retryd/retryd/engine"
 	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/store"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -26,20 +27,12 @@ const (
 	idleFleetState    = 10 * time.Minute
 )
 
-// Partitioned is implemented by stores that keep their state in
-// partitions, each with its own fleet state (the Redis store's
-// partitioned key layout, see store/redis/layout.go).
-type Partitioned interface {
-	// Partitions returns the number of partitions.
-	Partitions() int
-}
-
 // checkFleetStore refuses fleet protection on a store of several
 // partitions: each would hold a budget and a circuit of its own per
 // provider, so the fleet would retry several budgets' worth and open its
 // circuit on a fraction of the evidence — not what the policy file says.
-func checkFleetStore(p *config.Policies, store Store) error {
-	ps, ok := store.(Partitioned)
+func checkFleetStore(p *config.Policies, b store.Backend) error {
+	ps, ok := b.(store.Partitioned)
 	if !ok || ps.Partitions() <= 1 || !p.HasFleet() {
 		return nil
 	}
@@ -50,13 +43,6 @@ func checkFleetStore(p *config.Policies, store Store) error {
 
 // FleetKey names a (tenant, provider)'s fleet state in a store.
 func FleetKey(tenantID, provider string) string { return tenantID + scopeSeparator + provider }
-
-// FleetKeyOf is the key of the fleet state that protects a stored
-// session's retries of provider.
-func FleetKeyOf(sessionID, provider string) string {
-	tenantID, _ := SplitSessionID(sessionID)
-	return FleetKey(tenantID, provider)
-}
 
 type fleetKey struct{ tenant, provider string }
 
@@ -69,27 +55,22 @@ type fleetEntry struct {
 }
 
 // fleets is fleet protection as the service sees it: which (tenant,
-// provider) the policy file protects (see config.Policies' Fleet), under
-// which key the store keeps its state, and which provider each retry the
-// fleet admitted belongs to, so that the retry's cancellation (seen in
-// the event log) takes it out of the provider's queue. The state is the
-// store's: FailedStep and a due retry's start read and save it in the
-// session's own transaction, and the other operations here go through
-// the store's FleetState and UpdateFleet.
+// provider) the policy file protects (see config.Policies' Fleet), and
+// under which key the store keeps its state. The state is the store's:
+// FailedStep, a due retry's start and a queued retry's cancellation read
+// and save it in the session's own transaction (package store), and a
+// success goes through the store's UpdateFleet.
 type fleets struct {
 	policies *config.Policies
-	store    Store
-	now      func() time.Time
+	store    *store.Store
 	log      *slog.Logger
 
 	mu      sync.RWMutex // entries are read on every protected failure, added rarely
 	entries map[fleetKey]*fleetEntry
-	queued  map[string]*fleetEntry // retry id → its provider's entry
 }
 
-func newFleets(p *config.Policies, store Store, now func() time.Time, log *slog.Logger) *fleets {
-	return &fleets{policies: p, store: store, now: now, log: log,
-		entries: map[fleetKey]*fleetEntry{}, queued: map[string]*fleetEntry{}}
+func newFleets(p *config.Policies, st *store.Store, log *slog.Logger) *fleets {
+	return &fleets{policies: p, store: st, log: log, entries: map[fleetKey]*fleetEntry{}}
 }
 
 // entry returns the entry of (tenant, provider), creating it; nil when the
@@ -133,81 +114,35 @@ func (fs *fleets) add(k fleetKey, cfg fleet.Config, now time.Time) *fleetEntry {
 	return e
 }
 
-// sweep drops idle entries with no retry queued here; fs.mu is held.
+// sweep drops idle entries; fs.mu is held. An entry holds no state, only
+// the key and configuration, so one dropped while its retries are queued
+// loses nothing: their start and cancellation find the state by the key
+// each retry keeps.
 func (fs *fleets) sweep(now time.Time) {
-	busy := map[*fleetEntry]bool{}
-	for _, e := range fs.queued {
-		busy[e] = true
-	}
 	for k, e := range fs.entries {
-		if now.Sub(time.Unix(0, e.used.Load())) > idleFleetState && !busy[e] {
+		if now.Sub(time.Unix(0, e.used.Load())) > idleFleetState {
 			delete(fs.entries, k)
 		}
 	}
 }
 
 // protect puts the fleet protection of f's provider into f (its key in
-// the store and its configuration) and returns its entry, or nil when the
-// provider is not protected.
-func (fs *fleets) protect(f *engine.Failure, tenantID string, now time.Time) *fleetEntry {
+// the store and its configuration), when the provider is protected.
+func (fs *fleets) protect(f *engine.Failure, tenantID string, now time.Time) {
 	if fs == nil || f.Policy == nil {
-		return nil
+		return
 	}
-	e := fs.entry(tenantID, f.Request.GetProvider(), now)
-	if e == nil {
-		return nil
+	if e := fs.entry(tenantID, f.Request.GetProvider(), now); e != nil {
+		f.Fleet = &engine.Fleet{Key: e.key, Config: e.cfg}
 	}
-	f.FleetKey, f.FleetConfig = e.key, e.cfg
-	return e
 }
 
 // update reports r to the entry's state in the store. A state that cannot
-// be updated is logged: the operations that use this (successes, queue
-// accounting) are best effort, the decision itself is not.
+// be updated is logged: a success's credit is best effort, the decision
+// itself is not.
 func (fs *fleets) update(ctx context.Context, e *fleetEntry, r fleet.Report, now time.Time) {
 	if err := fs.store.UpdateFleet(ctx, e.key, e.cfg, r, now); err != nil {
 		fs.log.WarnContext(ctx, "fleet state not updated", "key", e.key, "report", r, "err", err)
-	}
-}
-
-// scheduled remembers the provider of a retry the fleet admitted, as the
-// store's outcome says. A refused transition saved nothing, so there is
-// nothing to take back.
-func (fs *fleets) scheduled(e *fleetEntry, out engine.FailOutcome, err error) {
-	if e == nil || err != nil || !out.FleetQueued || out.Scheduled == nil {
-		return
-	}
-	fs.mu.Lock()
-	fs.queued[out.Scheduled.ID] = e
-	fs.mu.Unlock()
-}
-
-// settled takes a started or cancelled retry out of its provider's queue.
-// A start was counted by the transition that started it already; a
-// cancelled retry is known only to the replica that scheduled it, so with
-// shared state it is counted once, and a replica that dies leaves its
-// retries counted as queued until the state expires.
-func (fs *fleets) settled(ctx context.Context, retryID string, started bool, now time.Time) {
-	if fs == nil {
-		return
-	}
-	fs.mu.Lock()
-	e := fs.queued[retryID]
-	delete(fs.queued, retryID)
-	fs.mu.Unlock()
-	if e != nil && !started {
-		fs.update(ctx, e, fleet.ReportDropped, now)
-	}
-}
-
-// Observe is fleet protection's consumer of the event log: a retry that
-// started or was cancelled leaves its provider's queue.
-func (fs *fleets) Observe(_ context.Context, ev *retrydv1.Event) {
-	switch k := ev.GetKind().(type) {
-	case *retrydv1.Event_Started:
-		fs.settled(context.Background(), k.Started.GetRetryId(), true, fs.now())
-	case *retrydv1.Event_Cancelled:
-		fs.settled(context.Background(), k.Cancelled.GetRetryId(), false, fs.now())
 	}
 }
 

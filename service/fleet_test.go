@@ -73,12 +73,14 @@ func TestFleetBudget(t *testing.T) {
 		if !st.GetProtected() || st.GetBudgetCapacity() != 2 || st.GetBudgetTokens() > 0.01 || st.GetQueuedRetries() != 3 {
 			t.Errorf("deepseek's state: %v, want protected, capacity 2, no tokens left (the refill is 0.0001/s), 3 queued", st)
 		}
-		// Cancelling a queued retry takes it out of the queue (the service
-		// learns it from the event log, so wait for it).
+		// Cancelling a queued retry takes it out of the queue at once: in
+		// the cancellation's own transaction.
 		if _, err := h.client.CancelRetries(ctx, &retrydv1.CancelRetriesRequest{Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: "b0"}}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { return providerState(t, h, ctx, "deepseek").GetQueuedRetries() == 2 })
+		if n := providerState(t, h, ctx, "deepseek").GetQueuedRetries(); n != 2 {
+			t.Errorf("after a queued retry was cancelled: %d queued, want 2", n)
+		}
 
 		// Another tenant, and an unprotected provider, are untouched.
 		if s := h.schedule(failure("b9", 1, 1, "mistral", "RATE_LIMIT", fast(100))); s.GetDelaySource() != retrydv1.DelaySource_DELAY_SOURCE_BACKOFF {
@@ -241,6 +243,72 @@ func testFleetShared(t *testing.T, url string) {
 		if st.GetBudgetTokens() > 0.01 || st.GetWindowSamples() != 4 {
 			t.Errorf("replica %d reads %v, want the shared state: no tokens, 4 failures", i, st)
 		}
+	}
+}
+
+// TestFleetQueueDrainedOnAnyReplica: a retry fleet protection queued on
+// one replica and cancelled through another leaves its provider's queue at
+// once, as every replica reads it: the cancellation and the queue change
+// are one transaction, whichever replica runs it. Neither replica follows
+// the event log here.
+func TestFleetQueueDrainedOnAnyReplica(t *testing.T) {
+	t.Parallel()
+	prefix := redistest.Prefix()
+	url := redistest.Shared(t).URL(0)
+	policies, err := config.Parse([]byte(fleetPolicies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var replicas [2]*service.Service
+	for i := range replicas {
+		st, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		if replicas[i], err = service.New(st, service.WithPolicies(policies)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	queued := func() [2]uint32 {
+		t.Helper()
+		var n [2]uint32
+		for i, r := range replicas {
+			st, err := r.GetProviderState(ctx, &retrydv1.GetProviderStateRequest{Provider: "deepseek"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n[i] = st.GetQueuedRetries()
+		}
+		return n
+	}
+	var ids [2]string
+	for i := range ids {
+		resp, err := replicas[0].FailedStep(ctx, failure(fmt.Sprintf("q%d", i), 1, 1, "deepseek", "RATE_LIMIT", fast(5000)))
+		if err != nil || resp.GetDecision().GetSchedule() == nil {
+			t.Fatalf("retry %d on replica 0: %v %v, want scheduled", i, resp.GetDecision(), err)
+		}
+		ids[i] = resp.GetDecision().GetSchedule().GetRetryId()
+	}
+	if n := queued(); n != [2]uint32{2, 2} {
+		t.Fatalf("queued as the replicas read it: %v, want 2 on both", n)
+	}
+	// By retry id through the other replica…
+	if _, err := replicas[1].CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+		Target: &retrydv1.CancelRetriesRequest_RetryId{RetryId: ids[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := queued(); n != [2]uint32{1, 1} {
+		t.Errorf("after replica 1 cancelled replica 0's retry: %v queued, want 1 on both", n)
+	}
+	// …and by session.
+	if _, err := replicas[1].CancelRetries(ctx, &retrydv1.CancelRetriesRequest{
+		Target: &retrydv1.CancelRetriesRequest_SessionId{SessionId: "q1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := queued(); n != [2]uint32{0, 0} {
+		t.Errorf("after replica 1 cancelled replica 0's other session: %v queued, want 0 on both", n)
 	}
 }
 

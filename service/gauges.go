@@ -3,39 +3,17 @@ package service
 import (
 	"context"
 
+	"github.com/retryd/retryd/store"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 )
 
-// Stats is a store's current population.
-type Stats struct {
-	Sessions       int64
-	OpenChains     int64
-	PendingRetries int64
-	Awaiters       int64
-}
-
-// StatsSource is implemented by stores that can report their population
-// cheaply enough for a metrics scrape.
-type StatsSource interface {
-	Stats() Stats
-}
-
-// DamagedTimerSource is implemented by stores whose stored data can be
-// found damaged (it does not decode), which then postpone that session's
-// due timers instead of trying them at every poll.
-type DamagedTimerSource interface {
-	// TimersPostponed counts the timers this replica postponed because
-	// their session's data did not decode, since it started.
-	TimersPostponed() int64
-}
-
-func registerStoreGauges(mp metric.MeterProvider, store Store) error {
+func registerStoreGauges(mp metric.MeterProvider, b store.Backend) error {
 	if mp == nil {
 		mp = metricnoop.NewMeterProvider()
 	}
 	m := mp.Meter(instrumentationName)
-	if src, ok := store.(DamagedTimerSource); ok {
+	if src, ok := b.(store.DamagedTimerSource); ok {
 		postponed, err := m.Int64ObservableCounter("retryd.timers.postponed", metric.WithUnit("{timer}"),
 			metric.WithDescription("Due timers postponed because their session's stored data did not decode."))
 		if err != nil {
@@ -48,10 +26,7 @@ func registerStoreGauges(mp metric.MeterProvider, store Store) error {
 			return err
 		}
 	}
-	src, ok := store.(StatsSource)
-	if !ok {
-		return nil
-	}
+	src := b
 	sessions, err := m.Int64ObservableGauge("retryd.sessions", metric.WithUnit("{session}"),
 		metric.WithDescription("Sessions the store holds."))
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/store/redis"
@@ -42,15 +43,15 @@ import (
 // partition, so the service refuses fleet protection on them.
 var backends = []struct {
 	name        string
-	open        func(t *testing.T, cfg memory.Config) service.Store
+	open        func(t *testing.T, cfg memory.Config) store.Backend
 	partitioned bool
 }{
-	{"memory", func(t *testing.T, cfg memory.Config) service.Store {
+	{"memory", func(t *testing.T, cfg memory.Config) store.Backend {
 		s := memory.New(cfg)
-		t.Cleanup(s.Close)
+		t.Cleanup(func() { _ = s.Close() })
 		return s
 	}, false},
-	{"file", func(t *testing.T, cfg memory.Config) service.Store {
+	{"file", func(t *testing.T, cfg memory.Config) store.Backend {
 		s, err := file.Open(t.TempDir(), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -62,15 +63,15 @@ var backends = []struct {
 		})
 		return s
 	}, false},
-	{"redis", func(t *testing.T, cfg memory.Config) service.Store {
+	{"redis", func(t *testing.T, cfg memory.Config) store.Backend {
 		return openRedis(t, redistest.Shared(t).URL(0), cfg)
 	}, false},
 	// The partitioned key layout on one Redis, and on a Redis Cluster of
 	// three masters (16 partitions).
-	{"redis-partitioned", func(t *testing.T, cfg memory.Config) service.Store {
+	{"redis-partitioned", func(t *testing.T, cfg memory.Config) store.Backend {
 		return openRedis(t, redistest.Shared(t).URL(0)+"?partitions=4", cfg)
 	}, true},
-	{"redis-cluster", func(t *testing.T, cfg memory.Config) service.Store {
+	{"redis-cluster", func(t *testing.T, cfg memory.Config) store.Backend {
 		return openRedis(t, redistest.SharedCluster(t).URL(), cfg)
 	}, true},
 }
@@ -89,8 +90,8 @@ func suiteURL(url string) string {
 	return url + sep + "unavailable_after=10s"
 }
 
-func openRedis(t *testing.T, url string, cfg memory.Config) service.Store {
-	s, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: redistest.Prefix(), StoreOptions: cfg.StoreOptions})
+func openRedis(t *testing.T, url string, cfg memory.Config) store.Backend {
+	s, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: redistest.Prefix(), Options: cfg.Options})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ type harness struct {
 	// gapless: the store numbers the whole log 1, 2, … (not partitioned).
 	gapless bool
 	conn    *grpc.ClientConn
-	store   service.Store
+	store   store.Backend
 
 	// With harnessOpts.telemetry: this backend's own tracer provider (the
 	// server's and the agent's), the spans it ended, and its metrics.
@@ -163,13 +164,13 @@ func hasFleet(t *testing.T, policies string) bool {
 // startHarness starts one server over a store opened by open, with real
 // gRPC on a loopback TCP port, the test-tenant interceptors and Observe
 // running, and returns its harness and service.
-func startHarness(t *testing.T, open func(*testing.T, memory.Config) service.Store, o harnessOpts) (*harness, *service.Service) {
+func startHarness(t *testing.T, open func(*testing.T, memory.Config) store.Backend, o harnessOpts) (*harness, *service.Service) {
 	t.Helper()
 	grace := o.abandonGrace
 	if grace == 0 {
 		grace = time.Minute
 	}
-	store := open(t, memory.Config{StoreOptions: service.StoreOptions{AbandonGrace: grace}})
+	store := open(t, memory.Config{Options: store.Options{AbandonGrace: grace}})
 	var opts []service.Option
 	if o.limits != nil {
 		opts = append(opts, service.WithLimits(*o.limits))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/store"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -38,7 +39,7 @@ func (s *Service) consumers() []logConsumer {
 	if s.adm.Tracks() {
 		cs = append(cs, logConsumer{"admission", func(_ context.Context, ev *retrydv1.Event) { s.adm.Observe(ev) }})
 	}
-	return append(cs, logConsumer{"fleet", s.fleets.Observe}, logConsumer{"telemetry", s.tel.Observe})
+	return append(cs, logConsumer{"telemetry", s.tel.Observe})
 }
 
 // observeRetryDelay is how long Observe waits before it follows the log
@@ -54,7 +55,7 @@ func (s *Service) Observe(ctx context.Context) error {
 	s.tel.began = time.Now()
 	err := s.follow(ctx, cs)
 	s.tel.endAll()
-	if errors.Is(err, context.Canceled) || errors.Is(err, ErrShutdown) {
+	if errors.Is(err, context.Canceled) || errors.Is(err, store.ErrShutdown) {
 		return nil
 	}
 	return err
@@ -72,7 +73,7 @@ func (s *Service) follow(ctx context.Context, cs []logConsumer) error {
 			after = max(after, ev.GetSequence())
 			return nil
 		})
-		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		if !errors.Is(err, store.ErrUnavailable) || ctx.Err() != nil {
 			return err
 		}
 		names := make([]string, len(cs))

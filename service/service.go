@@ -1,7 +1,8 @@
 // Package service is retryd's gRPC edge: it validates requests (every bad
 // field is reported with google.rpc.BadRequest and changes nothing),
-// resolves which policy decides a failure, hands the work to a Store, and
-// converts the store's refusals into gRPC status codes with error details.
+// resolves which policy decides a failure, qualifies session ids with the
+// caller's tenant, hands the work to the store's rules (package store),
+// and converts their refusals into gRPC status codes with error details.
 package service
 
 import (
@@ -15,9 +16,9 @@ import (
 	"github.com/retryd/retryd/admission"
 	"github.com/retryd/retryd/config"
 	"github.com/retryd/retryd/engine"
-	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/store"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -26,57 +27,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// Store keeps sessions, chains, pending retries and the event log. The
-// memory store is the default; durable stores implement the same contract.
-type Store interface {
-	// FailedStep decides a validated failure (see engine.Session.Fail).
-	FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error)
-	// AwaitRetry sends the retry's state, then its one terminal message. A
-	// retry whose session is not InScope(scope, …) is not found.
-	AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error
-	// CancelRetry cancels one pending retry; a terminal one is reported as
-	// is. A retry whose session is not InScope(scope, …) is not found.
-	CancelRetry(ctx context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error)
-	// CancelSession cancels a session's pending retry and open delegation.
-	CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error)
-	// StepSucceeded closes a session's open chains.
-	StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error)
-	// GetChains snapshots a session.
-	GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error)
-	// WatchEvents streams the event log.
-	WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error
-
-	// Every store keeps fleet protection's state, one fleet.ProviderState
-	// per key (FleetKey: a tenant and a provider). FailedStep reads and
-	// saves it in the session's own transaction (engine.Failure's
-	// FleetKey), and so does the start of a due retry of a protected
-	// provider (the store knows the configuration from the state it
-	// keeps); these are the other operations on it.
-
-	// FleetState reads the state under key; a missing one is the zero
-	// (fresh) state.
-	FleetState(ctx context.Context, key string) (fleet.ProviderState, error)
-	// UpdateFleet applies report r at now to the state under key
-	// atomically (fleet.Apply), and keeps cfg as the configuration the
-	// state is decided with.
-	UpdateFleet(ctx context.Context, key string, cfg fleet.Config, r fleet.Report, now time.Time) error
-}
-
-// ErrShutdown is returned by stores whose streams end because the server is
-// shutting down.
-var ErrShutdown = errors.New("retryd is shutting down")
-
-// ErrUnavailable is wrapped by stores that could not make a change durable
-// in time: the change was not made, or a store whose server answered past
-// the bound made it after all, so the caller may try again and every call
-// is safe to repeat.
-var ErrUnavailable = errors.New("retryd's store is unavailable; try again, every call is safe to repeat")
-
 // Service implements retrydv1.RetryServiceServer.
 type Service struct {
 	retrydv1.UnimplementedRetryServiceServer
 
-	store Store
+	store *store.Store
 	// policies are those of the start, which fleet protection keeps;
 	// current returns those in force for the next failure.
 	policies *config.Policies
@@ -151,9 +106,9 @@ func WithClock(now func() time.Time) Option {
 	return optionFunc(func(s *Service) { s.now = now })
 }
 
-// New returns a Service over store.
-func New(store Store, opts ...Option) (*Service, error) {
-	s := &Service{store: store, policies: config.Default(), log: slog.Default(), now: time.Now,
+// New returns a Service over the store backend b.
+func New(b store.Backend, opts ...Option) (*Service, error) {
+	s := &Service{store: store.New(b), policies: config.Default(), log: slog.Default(), now: time.Now,
 		inline: policy.NewCache(0), shared: newInterner()}
 	for _, o := range opts {
 		o.apply(s)
@@ -164,7 +119,7 @@ func New(store Store, opts ...Option) (*Service, error) {
 		start := s.policies
 		s.current = func() *config.Policies { return start }
 	}
-	dues, _ := store.(DueSource)
+	dues, _ := b.(store.DueSource)
 	tel, err := newTelemetry(s.tp, s.mp, dues)
 	if err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
@@ -173,11 +128,11 @@ func New(store Store, opts ...Option) (*Service, error) {
 	if s.adm, err = admission.New(s.limits, s.now, s.log, meterOf(s.mp)); err != nil {
 		return nil, fmt.Errorf("service: admission: %w", err)
 	}
-	if err := checkFleetStore(s.policies, store); err != nil {
+	if err := checkFleetStore(s.policies, b); err != nil {
 		return nil, err
 	}
-	s.fleets = newFleets(s.policies, store, s.now, s.log)
-	if err := registerStoreGauges(s.mp, store); err != nil {
+	s.fleets = newFleets(s.policies, s.store, s.log)
+	if err := registerStoreGauges(s.mp, b); err != nil {
 		return nil, fmt.Errorf("service: metrics: %w", err)
 	}
 	return s, nil
@@ -198,12 +153,11 @@ func (s *Service) FailedStep(ctx context.Context, req *retrydv1.FailedStepReques
 		return nil, toStatus(err)
 	}
 	tenantID, _ := SplitSessionID(scope)
-	fe := s.fleets.protect(&f, tenantID, now)
+	s.fleets.protect(&f, tenantID, now)
 	began := time.Now()
 	ctx, span, backoff := s.tel.startDecision(ctx, &f)
 	out, err := s.store.FailedStep(ctx, f)
 	s.adm.Decided(held, out, err)
-	s.fleets.scheduled(fe, out, err)
 	s.tel.endDecision(ctx, f, out, err, span, backoff, began)
 	if err != nil {
 		s.log.DebugContext(ctx, "failed step refused", "session", req.GetSessionId(),
@@ -285,10 +239,27 @@ func (s *Service) AwaitRetry(req *retrydv1.AwaitRetryRequest, stream retrydv1.Re
 		return toStatus(err)
 	}
 	defer leave()
-	err = s.store.AwaitRetry(stream.Context(), scope, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
-		return stream.Send(unscoped(scope, r))
-	})
+	sessionID, err := s.locate(stream.Context(), scope, req.GetRetryId())
+	if err == nil {
+		err = s.store.AwaitRetry(stream.Context(), sessionID, req.GetRetryId(), func(r *retrydv1.AwaitRetryResponse) error {
+			return stream.Send(unscoped(scope, r))
+		})
+	}
 	return toStatus(notFound(err, "no retry ", req.GetRetryId()))
+}
+
+// locate returns the session of retry retryID, when it is in the caller's
+// scope: a retry id is the one id a caller sends that does not carry its
+// tenant, so a retry of another tenant's session is not found.
+func (s *Service) locate(ctx context.Context, scope, retryID string) (string, error) {
+	sessionID, err := s.store.Locate(ctx, retryID)
+	if err != nil {
+		return "", err
+	}
+	if !InScope(scope, sessionID) {
+		return "", &engine.Error{Kind: engine.KindNotFound, Message: "no retry " + retryID}
+	}
+	return sessionID, nil
 }
 
 // CancelRetries implements RetryService.CancelRetries.
@@ -302,7 +273,10 @@ func (s *Service) CancelRetries(ctx context.Context, req *retrydv1.CancelRetries
 	switch t := req.GetTarget().(type) {
 	case *retrydv1.CancelRetriesRequest_RetryId:
 		if v.retryID("retry_id", t.RetryId); v.ok() {
-			resp, err = s.store.CancelRetry(ctx, scope, t.RetryId)
+			var sessionID string
+			if sessionID, err = s.locate(ctx, scope, t.RetryId); err == nil {
+				resp, err = s.store.CancelRetry(ctx, sessionID, t.RetryId)
+			}
 			err = notFound(err, "no retry ", t.RetryId)
 		}
 	case *retrydv1.CancelRetriesRequest_SessionId:
@@ -408,10 +382,10 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, "request cancelled")
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
-	case errors.Is(err, ErrShutdown):
-		return status.Error(codes.Unavailable, ErrShutdown.Error())
-	case errors.Is(err, ErrUnavailable):
-		return status.Error(codes.Unavailable, ErrUnavailable.Error())
+	case errors.Is(err, store.ErrShutdown):
+		return status.Error(codes.Unavailable, store.ErrShutdown.Error())
+	case errors.Is(err, store.ErrUnavailable):
+		return status.Error(codes.Unavailable, store.ErrUnavailable.Error())
 	}
 	if r := (*admission.Refusal)(nil); errors.As(err, &r) {
 		return refusalStatus(r)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/telemetry"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -85,7 +86,7 @@ type instruments struct {
 	providers map[string]struct{}
 	dues      map[string]time.Time // retry id → due time, for pending retries (Observe only, without dueSource)
 	// dueSource, when the store is one, answers due times instead of dues.
-	dueSource DueSource
+	dueSource store.DueSource
 	// began is when the service began to follow the log: events before it
 	// are replayed history (see Observe).
 	began time.Time
@@ -125,8 +126,8 @@ type labelKey struct {
 var noSpan trace.Span = tracenoop.Span{}
 
 // newTelemetry makes the service's instruments; dues, when not nil, is the
-// store answering due times (see DueSource).
-func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, dues DueSource) (*instruments, error) {
+// store answering due times (see store.DueSource).
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, dues store.DueSource) (*instruments, error) {
 	if tp == nil {
 		tp = tracenoop.NewTracerProvider()
 	}
@@ -432,15 +433,6 @@ func (t *instruments) endDecision(ctx context.Context, f engine.Failure, out eng
 	if dg.GetReason() == retrydv1.DelegateReason_DELEGATE_REASON_BUDGET_EXHAUSTED {
 		span.SetStatus(codes.Error, dg.GetDetail())
 	}
-}
-
-// DueSource is implemented by stores that answer a retained retry's due
-// time from memory. With one, the service keeps no copy of every pending
-// retry's due time for the start-lateness metric (a map entry per pending
-// retry, about 100 bytes each).
-type DueSource interface {
-	// Due returns the due time of a retry the store retains.
-	Due(retryID string) (time.Time, bool)
 }
 
 // remember notes a scheduled retry's due time, unless the store knows it.

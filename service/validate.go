@@ -9,6 +9,7 @@ import (
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/store"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,7 +21,7 @@ const (
 	MaxLabelLen      = 256
 	MaxMessageLen    = 4096
 	MaxRetryAfterLen = 256
-	MaxRetryIDLen    = 64
+	MaxRetryIDLen    = store.MaxRetryIDLen
 )
 
 // validator collects field violations; err returns INVALID_ARGUMENT with a

@@ -31,9 +31,9 @@ type View struct {
 
 // Store is what a store provides to the protocol, for one stream.
 type Store interface {
-	// Look finds and reads retry retryID of a session in scope (see
-	// service.InScope): a not-found engine.Error when there is none.
-	Look(ctx context.Context, scope, retryID string) (View, error)
+	// Look finds and reads the stream's retry: a not-found engine.Error
+	// when there is none.
+	Look(ctx context.Context) (View, error)
 	// Attach counts one more awaiter of the retry Look found, and reads it
 	// again with that awaiter counted.
 	Attach(ctx context.Context) (Awaiter, View, error)
@@ -56,10 +56,8 @@ type Awaiter interface {
 
 // Retry runs the protocol for one AwaitRetry stream; now is the store's
 // decision clock.
-func Retry(ctx context.Context, s Store, now func() time.Time, scope, retryID string,
-	send func(*retrydv1.AwaitRetryResponse) error,
-) error {
-	v, err := s.Look(ctx, scope, retryID)
+func Retry(ctx context.Context, s Store, now func() time.Time, send func(*retrydv1.AwaitRetryResponse) error) error {
+	v, err := s.Look(ctx)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ type fakeStore struct {
 	calls          []string
 }
 
-func (f *fakeStore) Look(context.Context, string, string) (await.View, error) {
+func (f *fakeStore) Look(context.Context) (await.View, error) {
 	f.calls = append(f.calls, "look")
 	return f.look, nil
 }
@@ -77,7 +77,7 @@ func TestRetry(t *testing.T) {
 			t.Parallel()
 			f := tc.store
 			var sent []string
-			err := await.Retry(context.Background(), &f, func() time.Time { return now }, "", "r1",
+			err := await.Retry(context.Background(), &f, func() time.Time { return now },
 				func(r *retrydv1.AwaitRetryResponse) error {
 					switch {
 					case r.GetState() != nil:

@@ -9,7 +9,7 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
 )
@@ -23,14 +23,14 @@ import (
 func BenchmarkFailedStep(b *testing.B) {
 	for _, backend := range []struct {
 		name string
-		open func(b *testing.B) service.Store
+		open func(b *testing.B) store.Backend
 	}{
-		{"memory", func(b *testing.B) service.Store {
+		{"memory", func(b *testing.B) store.Backend {
 			s := memory.New(memory.Config{})
-			b.Cleanup(s.Close)
+			b.Cleanup(func() { _ = s.Close() })
 			return s
 		}},
-		{"file", func(b *testing.B) service.Store {
+		{"file", func(b *testing.B) store.Backend {
 			s, err := file.Open(b.TempDir(), memory.Config{})
 			if err != nil {
 				b.Fatal(err)
@@ -50,7 +50,7 @@ func BenchmarkFailedStep(b *testing.B) {
 			b.SetParallelism(32)
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					_, err := s.FailedStep(context.Background(), engine.Failure{
+					_, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 						Request: &retrydv1.FailedStepRequest{SessionId: fmt.Sprintf("s-%d", n.Add(1)), Turn: 1, Step: 1,
 							Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}},
 						Policy: p,

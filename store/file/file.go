@@ -27,13 +27,13 @@ import (
 	"github.com/retryd/retryd/engine"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/memory"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 )
 
-var _ service.Store = (*Store)(nil)
+var _ store.Backend = (*Store)(nil)
 
 // SchemaVersion is the version of the data layout this retryd reads and
 // writes: buckets meta, sessions (session id → retryd.state.v1.Session)
@@ -115,7 +115,7 @@ func Open(dir string, cfg memory.Config) (*Store, error) {
 		return nil, fmt.Errorf("file store %s: %w", path, err)
 	}
 	db.MaxBatchDelay = batchDelay
-	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
+	cfg.Options = cfg.Options.WithDefaults()
 	s := &Store{db: db, path: path, retain: uint64(cfg.EventLogSize)}
 	state, err := s.load()
 	if err != nil {
@@ -304,7 +304,7 @@ func (s *Store) persist(changes []memory.Change) error {
 // database is closed: stop serving first.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.Store.Close()
+		_ = s.Store.Close() // never fails
 		s.closeErr = s.db.Close()
 	})
 	return s.closeErr

@@ -3,7 +3,6 @@ package file_test
 import (
 	"context"
 	"errors"
-	"github.com/retryd/retryd/service"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +15,10 @@ import (
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/file"
 	"github.com/retryd/retryd/store/memory"
+	"github.com/retryd/retryd/store/storetest"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 )
@@ -39,7 +40,7 @@ func failStep(t *testing.T, s *file.Store, session string, step uint64, delayMs 
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := s.FailedStep(context.Background(), engine.Failure{
+	out, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 		Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: 1, Step: step, Provider: "p",
 			Failure: &retrydv1.Failure{Code: "SERVER"}},
 		Policy: p,
@@ -53,7 +54,7 @@ func failStep(t *testing.T, s *file.Store, session string, step uint64, delayMs 
 func events(t *testing.T, s *file.Store) []*retrydv1.Event {
 	t.Helper()
 	var out []*retrydv1.Event
-	err := s.WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+	err := store.New(s).WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
 		out = append(out, ev)
 		return nil
 	})
@@ -71,17 +72,17 @@ func TestReopenKeepsEverything(t *testing.T) {
 	ctx := context.Background()
 	a := open(t, dir, memory.Config{})
 	cancelled := failStep(t, a, "a", 1, 1).GetDecision().GetSchedule().GetRetryId()
-	if _, err := a.CancelRetry(ctx, "", cancelled); err != nil {
+	if _, err := storetest.CancelRetry(ctx, a, cancelled); err != nil {
 		t.Fatal(err)
 	}
 	pending := failStep(t, a, "a", 2, 3_600_000)
 	failStep(t, a, "b", 1, 3_600_000)
-	if _, err := a.CancelSession(ctx, "b"); err != nil {
+	if _, err := store.New(a).CancelSession(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
 	wantChains := map[string]*retrydv1.GetChainsResponse{}
 	for _, id := range []string{"a", "b"} {
-		c, err := a.GetChains(ctx, id)
+		c, err := store.New(a).GetChains(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +95,7 @@ func TestReopenKeepsEverything(t *testing.T) {
 
 	b := open(t, dir, memory.Config{})
 	for id, want := range wantChains {
-		got, err := b.GetChains(ctx, id)
+		got, err := store.New(b).GetChains(ctx, id)
 		if err != nil || !proto.Equal(got, want) {
 			t.Errorf("session %s after reopening: %v %v\nwant %v", id, got, err, want)
 		}
@@ -126,13 +127,13 @@ func TestReopenKeepsEverything(t *testing.T) {
 func TestEventsAreTrimmed(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	a := open(t, dir, memory.Config{StoreOptions: service.StoreOptions{EventLogSize: 5}})
+	a := open(t, dir, memory.Config{Options: store.Options{EventLogSize: 5}})
 	for step := range uint64(12) {
 		// Each retry is cancelled before the next report.
 		r := failStep(t, a, "s", step+1, 3_600_000)
 		failStep(t, a, "s", step+1, 3_600_000) // a repeated report records nothing
 		if id := r.GetDecision().GetSchedule().GetRetryId(); id != "" {
-			if _, err := a.CancelRetry(context.Background(), "", id); err != nil {
+			if _, err := storetest.CancelRetry(context.Background(), a, id); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -151,7 +152,7 @@ func TestEventsAreTrimmed(t *testing.T) {
 	if err != nil || n != 5 {
 		t.Fatalf("the database holds %d events (%v), want 5", n, err)
 	}
-	b := open(t, dir, memory.Config{StoreOptions: service.StoreOptions{EventLogSize: 5}})
+	b := open(t, dir, memory.Config{Options: store.Options{EventLogSize: 5}})
 	got := events(t, b)
 	if len(got) != 5 || len(want) != 5 || got[0].GetSequence() != want[0].GetSequence() || got[4].GetSequence() != want[4].GetSequence() {
 		t.Errorf("reopened log %v, want %v", got, want)

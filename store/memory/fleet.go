@@ -9,7 +9,6 @@ import (
 
 	"github.com/retryd/retryd/engine"
 	"github.com/retryd/retryd/fleet"
-	"github.com/retryd/retryd/service"
 )
 
 // Fleet protection's state: one fleet.ProviderState per key (a tenant and
@@ -22,21 +21,18 @@ import (
 // shard, then state); the durable write of the file store happens after
 // it is released.
 
-// fleetTTL is how long a state nobody decided with is kept, as the Redis
-// store keeps it: by then its budget has refilled and its window emptied.
-const fleetTTL = time.Hour
-
 // fleetState is one key's state.
 type fleetState struct {
 	mu    sync.Mutex
 	cfg   fleet.Config
+	kept  bool // cfg is the configuration the state was last decided with
 	state fleet.ProviderState
 	saved time.Time
 }
 
 // save keeps the state a transition returned; f.mu is held.
 func (f *fleetState) save(cfg fleet.Config, st fleet.ProviderState, now time.Time) {
-	f.cfg, f.state, f.saved = cfg, st, now
+	f.cfg, f.kept, f.state, f.saved = cfg, true, st, now
 }
 
 // fleetStates are the store's fleet states by key.
@@ -81,53 +77,64 @@ func (fs *fleetStates) expire(before time.Time) {
 	fs.n.Store(int64(len(fs.m)))
 }
 
-// decide runs Fail with the fleet state f names (locked from read to
-// save) and returns its outcome.
-func (s *Store) decide(sess *engine.Session, env engine.Env, f engine.Failure) (engine.FailOutcome, error) {
-	if f.FleetKey == "" {
-		return sess.Fail(env, f, fleet.ProviderState{})
-	}
-	fl := s.fleets.get(f.FleetKey, true)
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	out, err := sess.Fail(env, f, fl.state)
-	if err == nil && out.FleetChanged {
-		fl.save(f.FleetConfig, out.Fleet, env.Now)
-	}
-	return out, err
+// fleetLocks are the fleet states a transaction read, locked until the
+// rule's transition returns (fleetLocks.unlock), before the durable write;
+// queued are those whose save added a queued retry.
+type fleetLocks struct {
+	held   []*fleetState
+	queued []*fleetState
 }
 
-// undecided takes a retry the fleet admitted out of its provider's queue
-// when the decision that admitted it could not be made durable. The
-// failure it counted and the token it took stay spent.
-func (s *Store) undecided(f engine.Failure, out engine.FailOutcome, now time.Time) {
-	if !out.FleetQueued {
-		return
+// lock returns f locked for the transaction, locking it once.
+func (l *fleetLocks) lock(f *fleetState) {
+	for _, h := range l.held {
+		if h == f {
+			return
+		}
 	}
-	fl := s.fleets.get(f.FleetKey, true)
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	fl.save(fl.cfg, fleet.Apply(fl.cfg, fl.state, fleet.ReportDropped, now), now)
+	f.mu.Lock()
+	l.held = append(l.held, f)
 }
 
-// start runs Start with the fleet state of r's provider, when the store
-// keeps one (a provider never protected has none; neither has one whose
-// state expired, which would let every retry start anyway).
-func (s *Store) start(sess *engine.Session, env engine.Env, r *engine.Retry) engine.StartOutcome {
-	fl := s.fleets.get(service.FleetKeyOf(r.SessionID, r.Provider()), false)
-	if fl == nil {
-		return sess.Start(env, r, nil)
+func (l *fleetLocks) unlock() {
+	for _, f := range l.held {
+		f.mu.Unlock()
 	}
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
-	out := sess.Start(env, r, &engine.Fleet{Config: fl.cfg, State: fl.state})
-	if out.FleetChanged {
-		fl.save(fl.cfg, out.Fleet, env.Now)
-	}
-	return out
+	l.held = nil
 }
 
-// FleetState implements service.Store.
+// undoQueued takes the retries the transaction queued out of their
+// provider's queue again: its change was not made durable. The failure it
+// counted and the token it took stay spent.
+func (l *fleetLocks) undoQueued(now time.Time) {
+	for _, f := range l.queued {
+		f.mu.Lock()
+		f.save(f.cfg, fleet.Apply(f.cfg, f.state, fleet.ReportDropped, now), now)
+		f.mu.Unlock()
+	}
+}
+
+// Fleet implements store.Txn: the state is locked until the transition
+// returns (the order is always shard, then state).
+func (t *txn) Fleet(key string) (engine.Fleet, bool) {
+	f := t.s.fleets.get(key, true)
+	t.fleets.lock(f)
+	st := f.state
+	st.Window = slices.Clone(st.Window) // the engine's copy
+	return engine.Fleet{Key: key, Config: f.cfg, State: st}, f.kept
+}
+
+// SaveFleet implements store.Txn.
+func (t *txn) SaveFleet(fl engine.Fleet) {
+	f := t.s.fleets.get(fl.Key, true)
+	t.fleets.lock(f)
+	if fl.State.Queued > f.state.Queued {
+		t.fleets.queued = append(t.fleets.queued, f)
+	}
+	f.save(fl.Config, fl.State, t.env.Now)
+}
+
+// FleetState implements store.Backend.
 func (s *Store) FleetState(_ context.Context, key string) (fleet.ProviderState, error) {
 	fl := s.fleets.get(key, false)
 	if fl == nil {
@@ -140,7 +147,7 @@ func (s *Store) FleetState(_ context.Context, key string) (fleet.ProviderState, 
 	return st, nil
 }
 
-// UpdateFleet implements service.Store.
+// UpdateFleet implements store.Backend.
 func (s *Store) UpdateFleet(_ context.Context, key string, cfg fleet.Config, r fleet.Report, now time.Time) error {
 	fl := s.fleets.get(key, true)
 	fl.mu.Lock()

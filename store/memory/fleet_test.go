@@ -10,7 +10,7 @@ import (
 	"github.com/retryd/retryd/fleet"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // TestFleetStateWithTheDecision: the store keeps the fleet state a
@@ -29,7 +29,7 @@ func TestFleetStateWithTheDecision(t *testing.T) {
 		t.Fatal(err)
 	}
 	decide := func(session string) error {
-		_, err := s.FailedStep(context.Background(), engine.Failure{Policy: p, FleetKey: "k", FleetConfig: cfg,
+		_, err := store.New(s).FailedStep(context.Background(), engine.Failure{Policy: p, Fleet: &engine.Fleet{Key: "k", Config: cfg},
 			Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: 1, Step: 1, Provider: "p",
 				Failure: &retrydv1.Failure{Code: "SERVER"}}})
 		return err
@@ -49,7 +49,7 @@ func TestFleetStateWithTheDecision(t *testing.T) {
 	}
 
 	d.broken.Store(true)
-	if err := decide("c"); !errors.Is(err, service.ErrUnavailable) {
+	if err := decide("c"); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("with the disk broken: %v, want unavailable", err)
 	}
 	st, _ = s.FleetState(context.Background(), "k")

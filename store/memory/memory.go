@@ -11,7 +11,6 @@
 package memory
 
 import (
-	"context"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -21,25 +20,24 @@ import (
 	"github.com/retryd/retryd/engine"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
-	"github.com/retryd/retryd/store/await"
+	"github.com/retryd/retryd/store"
 )
 
 var (
-	_ service.Store     = (*Store)(nil)
-	_ service.DueSource = (*Store)(nil)
+	_ store.Backend   = (*Store)(nil)
+	_ store.DueSource = (*Store)(nil)
 )
 
 const shardCount = 64
 
 // DefaultEventLogSize is how many events the log retains by default.
-const DefaultEventLogSize = service.DefaultEventLogSize
+const DefaultEventLogSize = store.DefaultEventLogSize
 
 // Config tunes a Store. Zero fields take the defaults.
 type Config struct {
-	// StoreOptions are the settings every store takes; the event log
-	// retains exactly EventLogSize events. The store logs nothing.
-	service.StoreOptions
+	// Options are the settings every store takes; the event log retains
+	// exactly EventLogSize events. The store logs nothing.
+	store.Options
 
 	// Persist, when set, is called after every change of session state and
 	// before anyone can observe it: before the call that made the change
@@ -49,7 +47,7 @@ type Config struct {
 	// shard at most), and must return only once the changes are durable.
 	// If it fails, the change is undone, its events are dropped (their
 	// sequence numbers are never used), and the call that made it fails
-	// with service.ErrUnavailable.
+	// with store.ErrUnavailable.
 	Persist func(changes []Change) error
 	// Restore, when set, is the state New starts from: the sessions, the
 	// retained events and the last sequence number handed out.
@@ -103,6 +101,9 @@ type Store struct {
 
 	awaiters atomic.Int64
 	fleets   fleetStates // see fleet.go
+	// started is when the store started: a restored retry that fell due
+	// before gets a whole abandon grace from then (abandonAt).
+	started time.Time
 
 	closing   chan struct{}
 	closeOnce sync.Once
@@ -124,13 +125,14 @@ func retryID(r *engine.Retry) string     { return r.ID }
 
 // New starts a Store and its timer and expiry goroutines.
 func New(cfg Config) *Store {
-	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
+	cfg.Options = cfg.Options.WithDefaults()
 	s := &Store{
 		cfg:     cfg,
 		seed:    maphash.MakeSeed(),
 		log:     newEventLog(cfg.EventLogSize),
 		timers:  newTimerHeap(),
 		closing: make(chan struct{}),
+		started: cfg.Options.Now(),
 	}
 	for i := range s.shards {
 		s.shards[i].sessions = newTable(sessionID)
@@ -148,21 +150,21 @@ func New(cfg Config) *Store {
 // Close ends every AwaitRetry stream with Cancelled (reason shutdown) and
 // every WatchEvents stream, and stops the store's goroutines. Nothing is
 // recorded: shutdown is not a decision.
-func (s *Store) Close() {
+func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closing)
 		s.timers.stop()
 	})
 	s.wg.Wait()
+	return nil
 }
 
 // restore loads recovered state: the sessions and their retained retries
 // (indexed), one timer per pending retry, and the event log. A retry that
 // fell due while the server was down is given a whole abandon grace from
-// now: no agent could await it before.
+// now (abandonAt): no agent could await it before.
 func (s *Store) restore(st *State) {
 	s.log.restore(st.Events, st.LastSequence)
-	now := s.cfg.Now()
 	for _, sess := range st.Sessions {
 		sh, h := s.shardOf(sess.ID)
 		sh.sessions.put(h, sess)
@@ -170,11 +172,7 @@ func (s *Store) restore(st *State) {
 			s.indexRetry(r)
 		}
 		if r := sess.Pending(); r != nil {
-			if r.Due().After(now) {
-				s.timers.push(r.Due(), r, timerDue)
-			} else {
-				s.timers.push(now.Add(s.cfg.AbandonGrace), r, timerAbandon)
-			}
+			s.timers.push(r.Due(), r)
 		}
 	}
 }
@@ -229,7 +227,7 @@ func (s *Store) commit(changes ...change) error {
 		for _, c := range changes {
 			c.sess.Revert(c.cp)
 		}
-		return fmt.Errorf("memory: persist: %w: %w", service.ErrUnavailable, err)
+		return fmt.Errorf("memory: persist: %w: %w", store.ErrUnavailable, err)
 	}
 	s.log.resolve(res, true)
 	for _, c := range changes {
@@ -240,14 +238,6 @@ func (s *Store) commit(changes ...change) error {
 
 func (s *Store) env() engine.Env {
 	return engine.Env{Now: s.cfg.Now(), Rand: s.cfg.Rand, NewID: s.cfg.NewID}
-}
-
-// held re-arms the due timer of a retry fleet protection held back until
-// at.
-func (s *Store) held(r *engine.Retry, at time.Time) {
-	if r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && s.cfg.Now().Before(at) {
-		s.timers.push(at, r, timerDue)
-	}
 }
 
 // shardOf returns the shard of a session and the hash of its id, whose
@@ -262,18 +252,6 @@ func (s *Store) shardOf(sessionID string) (*shard, uint64) {
 func (s *Store) indexOf(retryID string) (*indexShard, uint64) {
 	h := maphash.String(s.seed, retryID)
 	return &s.index[h%shardCount], h
-}
-
-// lookup finds a retry of a session in scope (see service.InScope).
-func (s *Store) lookup(scope, retryID string) (*engine.Retry, error) {
-	ix, h := s.indexOf(retryID)
-	ix.mu.Lock()
-	r := ix.retries.get(h, retryID)
-	ix.mu.Unlock()
-	if r == nil || !service.InScope(scope, r.SessionID) {
-		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no retry " + retryID}
-	}
-	return r, nil
 }
 
 func (s *Store) indexRetry(r *engine.Retry) {
@@ -292,41 +270,7 @@ func (s *Store) unindex(rs []*engine.Retry) {
 	}
 }
 
-// FailedStep implements service.Store.
-func (s *Store) FailedStep(_ context.Context, f engine.Failure) (engine.FailOutcome, error) {
-	id := f.Request.GetSessionId()
-	sh, h := s.shardOf(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	env := s.env()
-	sess := sh.sessions.get(h, id)
-	fresh := sess == nil
-	if fresh {
-		sess = engine.NewSession(id, env.Now)
-	}
-	cp := s.checkpoint(sess)
-	out, err := s.decide(sess, env, f)
-	if err != nil {
-		return engine.FailOutcome{}, err
-	}
-	if len(out.Events) > 0 { // a repeated report changes nothing
-		if err := s.commit(change{sess: sess, cp: cp, events: out.Events}); err != nil {
-			s.undecided(f, out, env.Now)
-			return engine.FailOutcome{}, err
-		}
-	}
-	if fresh {
-		sh.sessions.put(h, sess)
-	}
-	if r := out.Scheduled; r != nil {
-		s.indexRetry(r)
-		s.timers.push(r.Due(), r, timerDue)
-	}
-	s.unindex(out.Forgotten)
-	return out, nil
-}
-
-// Due implements service.DueSource: the due time of a retained retry.
+// Due implements store.DueSource: the due time of a retained retry.
 // A retry's due time never changes once it is indexed.
 func (s *Store) Due(retryID string) (time.Time, bool) {
 	ix, h := s.indexOf(retryID)
@@ -337,214 +281,6 @@ func (s *Store) Due(retryID string) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return r.Due(), true
-}
-
-// AwaitRetry implements service.Store: the protocol of package await,
-// over this store's primitives (awaitStore).
-func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	return await.Retry(ctx, &awaitStore{s: s}, s.cfg.Now, scope, retryID, send)
-}
-
-// awaitStore is the store as the await protocol sees it, for one stream:
-// r is the retry Look found. A retry is read under its session's shard
-// lock.
-type awaitStore struct {
-	s *Store
-	r *engine.Retry
-}
-
-// view reads r; the shard lock is held.
-func view(r *engine.Retry) await.View {
-	return await.View{State: r.State(), Terminal: r.Terminal(), Due: r.Due()}
-}
-
-// Look implements await.Store.
-func (a *awaitStore) Look(_ context.Context, scope, retryID string) (await.View, error) {
-	r, err := a.s.lookup(scope, retryID)
-	if err != nil {
-		return await.View{}, err
-	}
-	a.r = r
-	sh, _ := a.s.shardOf(r.SessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	return view(r), nil
-}
-
-// Attach implements await.Store. A retry that ended meanwhile counts no
-// awaiter: its awaiter only reports the end.
-func (a *awaitStore) Attach(context.Context) (await.Awaiter, await.View, error) {
-	s, r := a.s, a.r
-	sh, h := s.shardOf(r.SessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if term := r.Terminal(); term != nil {
-		return ended{term}, view(r), nil
-	}
-	r.Awaiters++
-	s.awaiters.Add(1)
-	// done is made under the lock; received from without it.
-	return &awaiter{s: s, sh: sh, h: h, r: r, done: r.Done()}, view(r), nil
-}
-
-// awaiter is one stream counted in its retry's Awaiters.
-type awaiter struct {
-	s    *Store
-	sh   *shard
-	h    uint64 // the session id's hash (see shardOf)
-	r    *engine.Retry
-	done <-chan struct{}
-}
-
-// Start implements await.Awaiter.
-func (a *awaiter) Start(context.Context) error {
-	s, r := a.s, a.r
-	a.sh.mu.Lock()
-	defer a.sh.mu.Unlock()
-	sess := a.sh.sessions.get(a.h, r.SessionID)
-	if sess == nil || r.Terminal() != nil || s.cfg.Now().Before(r.Due()) {
-		return nil
-	}
-	cp := s.checkpoint(sess)
-	out := s.start(sess, s.env(), r)
-	if out.Event == nil {
-		s.held(r, out.HeldUntil)
-		return nil
-	}
-	// Not recorded: not started; the agent awaits again, the abandon
-	// timer still runs.
-	return s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{out.Event}})
-}
-
-// Wait implements await.Awaiter.
-func (a *awaiter) Wait(ctx context.Context) (*retrydv1.AwaitRetryResponse, error) {
-	select {
-	case <-a.done:
-		return a.r.Terminal(), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-a.s.closing:
-		return a.r.ShutdownCancelled(), nil
-	}
-}
-
-// Detach implements await.Awaiter.
-func (a *awaiter) Detach() {
-	a.sh.mu.Lock()
-	a.r.Awaiters--
-	a.sh.mu.Unlock()
-	a.s.awaiters.Add(-1)
-}
-
-// ended is the awaiter of a retry that ended before it attached.
-type ended struct{ term *retrydv1.AwaitRetryResponse }
-
-func (ended) Start(context.Context) error { return nil }
-
-func (e ended) Wait(context.Context) (*retrydv1.AwaitRetryResponse, error) { return e.term, nil }
-
-func (ended) Detach() {}
-
-// CancelRetry implements service.Store.
-func (s *Store) CancelRetry(_ context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	r, err := s.lookup(scope, retryID)
-	if err != nil {
-		return nil, err
-	}
-	sh, h := s.shardOf(r.SessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if sess := sh.sessions.get(h, r.SessionID); sess != nil {
-		cp := s.checkpoint(sess)
-		if evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
-			if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{r.State()}}, nil
-}
-
-// CancelSession implements service.Store.
-func (s *Store) CancelSession(_ context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
-	sh, h := s.shardOf(sessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sess := sh.sessions.get(h, sessionID)
-	if sess == nil {
-		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
-	}
-	cp := s.checkpoint(sess)
-	states, delegation, evs := sess.CancelAll(s.env())
-	if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
-		return nil, err
-	}
-	resp := &retrydv1.CancelRetriesResponse{Retries: states}
-	if delegation {
-		resp.DelegationsCancelled = 1
-	}
-	return resp, nil
-}
-
-// StepSucceeded implements service.Store. A success on a session retryd
-// has never seen records nothing: there is no chain to close.
-func (s *Store) StepSucceeded(_ context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
-	sh, h := s.shardOf(req.GetSessionId())
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sess := sh.sessions.get(h, req.GetSessionId())
-	if sess == nil {
-		return &retrydv1.StepSucceededResponse{}, nil
-	}
-	cp := s.checkpoint(sess)
-	closed, evs, err := sess.Succeed(s.env(), req.GetTurn(), req.GetStep())
-	if err != nil {
-		return nil, err
-	}
-	// Even without events the session changed: its latest position moved.
-	if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
-		return nil, err
-	}
-	return &retrydv1.StepSucceededResponse{Closed: closed}, nil
-}
-
-// GetChains implements service.Store.
-func (s *Store) GetChains(_ context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
-	sh, h := s.shardOf(sessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sess := sh.sessions.get(h, sessionID)
-	if sess == nil {
-		return nil, &engine.Error{Kind: engine.KindNotFound, Message: "no session " + sessionID}
-	}
-	return sess.Chains(), nil
-}
-
-// WatchEvents implements service.Store.
-func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	after := req.GetAfterSequence()
-	for {
-		batch, last, notify := s.log.read(after, req.GetSessionId(), 512)
-		for _, ev := range batch {
-			if err := send(ev); err != nil {
-				return err
-			}
-		}
-		after = last
-		if len(batch) == 512 {
-			continue
-		}
-		if req.GetStopAtEnd() {
-			return nil
-		}
-		select {
-		case <-notify:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.closing:
-			return service.ErrShutdown
-		}
-	}
 }
 
 // runTimers starts due retries that have an awaiter, and cancels as
@@ -582,33 +318,10 @@ func (s *Store) runTimers() {
 	}
 }
 
-// fire handles one timer. A start or abandonment that cannot be persisted
-// is tried again after persistRetryDelay.
-func (s *Store) fire(e timerEntry) {
-	r := e.retry
-	sh, h := s.shardOf(r.SessionID)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sess := sh.sessions.get(h, r.SessionID)
-	switch {
-	case sess == nil || r.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING:
-	case e.kind == timerDue && r.Awaiters > 0:
-		cp := s.checkpoint(sess)
-		if out := s.start(sess, s.env(), r); out.Event == nil {
-			s.held(r, out.HeldUntil)
-		} else if err := s.commit(change{sess: sess, cp: cp, events: []*retrydv1.Event{out.Event}}); err != nil {
-			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerDue)
-		}
-	case e.kind == timerDue:
-		s.timers.push(r.Due().Add(s.cfg.AbandonGrace), r, timerAbandon)
-	case r.Awaiters == 0:
-		cp := s.checkpoint(sess)
-		evs := sess.Cancel(s.env(), r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)
-		if err := s.commit(change{sess: sess, cp: cp, events: evs}); err != nil {
-			s.timers.push(s.cfg.Now().Add(persistRetryDelay), r, timerAbandon)
-		}
-	}
-}
+// fire handles one timer: the timer rule, when its retry is still its
+// session's pending retry (a retry has a timer entry per deadline it was
+// given, and keeps none of them once it ends).
+func (s *Store) fire(e timerEntry) { _ = s.tick(e.retry) }
 
 // runExpiry drops sessions idle for longer than the chain TTL.
 func (s *Store) runExpiry() {
@@ -623,7 +336,7 @@ func (s *Store) runExpiry() {
 		case <-t.C:
 			now := s.cfg.Now()
 			s.expire(now.Add(-s.cfg.ChainTTL))
-			s.fleets.expire(now.Add(-fleetTTL))
+			s.fleets.expire(now.Add(-store.FleetTTL))
 		}
 	}
 }
@@ -653,10 +366,10 @@ func (s *Store) expire(before time.Time) {
 	}
 }
 
-// Stats implements service.StatsSource: it scans every shard, so it is
-// meant for metrics scrapes, not hot paths.
-func (s *Store) Stats() service.Stats {
-	st := service.Stats{Awaiters: s.awaiters.Load()}
+// Stats implements store.Backend: it scans every shard, so it is meant
+// for metrics scrapes, not hot paths.
+func (s *Store) Stats() store.Stats {
+	st := store.Stats{Awaiters: s.awaiters.Load()}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

@@ -3,7 +3,6 @@ package memory
 import (
 	"context"
 	"fmt"
-	"github.com/retryd/retryd/service"
 	"runtime"
 	"strconv"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
+	"github.com/retryd/retryd/store"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -41,7 +42,7 @@ func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := s.FailedStep(context.Background(), engine.Failure{
+	out, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 		Request: &retrydv1.FailedStepRequest{SessionId: session, Turn: step, Step: step, Provider: "p",
 			Failure: &retrydv1.Failure{Code: "SERVER"}},
 		Policy: p,
@@ -55,18 +56,18 @@ func fail(t *testing.T, s *Store, session string, step uint64, delayMs uint64) *
 func TestExpiryKeepsPendingSessions(t *testing.T) {
 	t.Parallel()
 	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	s := New(Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: c.Now}})
+	s := New(Config{Options: store.Options{ChainTTL: time.Hour, Now: c.Now}})
 	defer s.Close()
 
 	idle := fail(t, s, "idle", 1, 1)
 	idleID := idle.GetDecision().GetSchedule().GetRetryId()
-	if _, err := s.CancelRetry(context.Background(), "", idleID); err != nil {
+	if _, err := storetest.CancelRetry(context.Background(), s, idleID); err != nil {
 		t.Fatal(err)
 	}
 	pending := fail(t, s, "pending", 1, 10_000_000)
 	// A session whose chain is open (its retry started) closes it on expiry.
 	open := fail(t, s, "open", 1, 1)
-	r, err := s.lookup("", open.GetDecision().GetSchedule().GetRetryId())
+	r, err := s.indexed(open.GetDecision().GetSchedule().GetRetryId())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +88,13 @@ func TestExpiryKeepsPendingSessions(t *testing.T) {
 	if n := s.Len(); n != 1 {
 		t.Fatalf("%d sessions after expiry, want 1 (the one with a pending retry)", n)
 	}
-	if _, err := s.lookup("", idleID); err == nil {
+	if _, err := s.indexed(idleID); err == nil {
 		t.Errorf("expired session's retry %s is still indexed", idleID)
 	}
-	if _, err := s.lookup("", pending.GetDecision().GetSchedule().GetRetryId()); err != nil {
+	if _, err := s.indexed(pending.GetDecision().GetSchedule().GetRetryId()); err != nil {
 		t.Errorf("pending retry lost: %v", err)
 	}
-	if _, err := s.GetChains(context.Background(), "idle"); err == nil {
+	if _, err := store.New(s).GetChains(context.Background(), "idle"); err == nil {
 		t.Error("expired session still answers GetChains")
 	}
 }
@@ -111,20 +112,20 @@ func TestRetainedRetriesAreBounded(t *testing.T) {
 			continue
 		}
 		ids = append(ids, id)
-		if _, err := s.CancelRetry(context.Background(), "", id); err != nil {
+		if _, err := storetest.CancelRetry(context.Background(), s, id); err != nil {
 			t.Fatal(err)
 		}
 	}
 	indexed := 0
 	for _, id := range ids {
-		if _, err := s.lookup("", id); err == nil {
+		if _, err := s.indexed(id); err == nil {
 			indexed++
 		}
 	}
 	if indexed != engine.MaxRetainedRetries {
 		t.Errorf("%d of %d retries still indexed, want %d", indexed, len(ids), engine.MaxRetainedRetries)
 	}
-	if _, err := s.lookup("", ids[0]); err == nil {
+	if _, err := s.indexed(ids[0]); err == nil {
 		t.Error("the oldest retry is still indexed")
 	}
 }
@@ -134,7 +135,7 @@ func TestTimerHeapOrder(t *testing.T) {
 	h := newTimerHeap()
 	base := time.Now().Add(-time.Second)
 	for _, i := range []int{5, 1, 4, 2, 3} {
-		h.push(base.Add(time.Duration(i)*time.Millisecond), &engine.Retry{ID: fmt.Sprint(i)}, timerDue)
+		h.push(base.Add(time.Duration(i)*time.Millisecond), &engine.Retry{ID: fmt.Sprint(i)})
 	}
 	for want := 1; want <= 5; want++ {
 		e, ok := h.next(time.Now)
@@ -162,7 +163,7 @@ func BenchmarkFailedStep(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			i++
-			_, err := s.FailedStep(context.Background(), engine.Failure{
+			_, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 				Request: &retrydv1.FailedStepRequest{SessionId: fmt.Sprintf("s-%p-%d", pb, i), Turn: 1, Step: 1,
 					Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}},
 				Policy: p,
@@ -186,7 +187,7 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 	}
 	heapPerSession(b, func(s *Store, i int) {
 		id := fmt.Sprintf("session-%08d", i)
-		out, err := s.FailedStep(context.Background(), engine.Failure{
+		out, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 			Request: &retrydv1.FailedStepRequest{SessionId: id, Turn: 1, Step: 1, Provider: "p",
 				Failure: &retrydv1.Failure{Code: "SERVER", Message: "provider said no"}},
 			Policy: p,
@@ -194,7 +195,7 @@ func BenchmarkIdleChainMemory(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := s.lookup("", out.Response.GetDecision().GetSchedule().GetRetryId())
+		r, err := s.indexed(out.Response.GetDecision().GetSchedule().GetRetryId())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -220,7 +221,7 @@ func BenchmarkPendingChainMemory(b *testing.B) {
 		b.Fatal(err)
 	}
 	heapPerSession(b, func(s *Store, i int) {
-		_, err := s.FailedStep(context.Background(), engine.Failure{
+		_, err := store.New(s).FailedStep(context.Background(), engine.Failure{
 			Request: &retrydv1.FailedStepRequest{SessionId: "chain-" + strconv.Itoa(i), Turn: 1, Step: 1, Provider: "deepseek",
 				Failure: &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429, Message: "rate limited"}},
 			Policy: p,
@@ -236,7 +237,7 @@ func BenchmarkPendingChainMemory(b *testing.B) {
 func heapPerSession(b *testing.B, session func(s *Store, i int)) {
 	const sessions = 20_000
 	for range b.N {
-		s := New(Config{StoreOptions: service.StoreOptions{EventLogSize: 1}})
+		s := New(Config{Options: store.Options{EventLogSize: 1}})
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)

@@ -12,7 +12,8 @@ import (
 	"github.com/retryd/retryd/engine"
 	statev1 "github.com/retryd/retryd/gen/retryd/state/v1"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -119,7 +120,7 @@ func stateOf(s *Store, r *engine.Retry) *retrydv1.RetryState {
 
 func chainsOf(t *testing.T, s *Store, session string) *retrydv1.GetChainsResponse {
 	t.Helper()
-	resp, err := s.GetChains(context.Background(), session)
+	resp, err := store.New(s).GetChains(context.Background(), session)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	t.Parallel()
 	d := newDisk()
 	var ahead atomic.Int64 // how far the store's clock is ahead of the wall clock
-	s := New(Config{StoreOptions: service.StoreOptions{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }}, Persist: d.persist})
+	s := New(Config{Options: store.Options{Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }}, Persist: d.persist})
 	defer s.Close()
 	ctx := context.Background()
 
@@ -153,20 +154,20 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	before := chainsOf(t, s, "a")
 
 	d.broken.Store(true)
-	if _, err := s.CancelRetry(ctx, "", firstID); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := storetest.CancelRetry(ctx, s, firstID); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("CancelRetry with a broken disk: %v, want ErrUnavailable", err)
 	}
-	if _, err := s.CancelSession(ctx, "a"); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := store.New(s).CancelSession(ctx, "a"); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("CancelSession with a broken disk: %v, want ErrUnavailable", err)
 	}
-	if _, err := s.FailedStep(ctx, engine.Failure{Request: &retrydv1.FailedStepRequest{
-		SessionId: "b", Turn: 1, Step: 1, Failure: &retrydv1.Failure{Code: "SERVER"}}}); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := store.New(s).FailedStep(ctx, engine.Failure{Request: &retrydv1.FailedStepRequest{
+		SessionId: "b", Turn: 1, Step: 1, Failure: &retrydv1.Failure{Code: "SERVER"}}}); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("FailedStep with a broken disk: %v, want ErrUnavailable", err)
 	}
 	if after := chainsOf(t, s, "a"); !proto.Equal(after, before) {
 		t.Errorf("a failed write changed the session:\n got %v\nwant %v", after, before)
 	}
-	if _, err := s.GetChains(ctx, "b"); err == nil {
+	if _, err := store.New(s).GetChains(ctx, "b"); err == nil {
 		t.Error("a session whose first write failed exists")
 	}
 	if got := sequences(s); !slices.Equal(got, []uint64{1}) {
@@ -174,16 +175,16 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 	}
 	// The agent is there and the retry is due, but the start cannot be
 	// written: the awaiter is refused and the retry stays pending.
-	r, err := s.lookup("", firstID)
+	r, err := s.indexed(firstID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ahead.Store(int64(time.Hour + time.Second)) // the retry is due
-	err = s.AwaitRetry(ctx, "", firstID, func(*retrydv1.AwaitRetryResponse) error {
+	err = storetest.AwaitRetry(ctx, s, firstID, func(*retrydv1.AwaitRetryResponse) error {
 		t.Error("AwaitRetry sent a message although the start was not written")
 		return nil
 	})
-	if !errors.Is(err, service.ErrUnavailable) {
+	if !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("AwaitRetry with a broken disk: %v, want ErrUnavailable", err)
 	}
 	if st := stateOf(s, r); st.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING || st.GetAwaiters() != 0 {
@@ -192,7 +193,7 @@ func TestFailedPersistChangesNothing(t *testing.T) {
 
 	d.broken.Store(false)
 	var msgs []*retrydv1.AwaitRetryResponse
-	if err := s.AwaitRetry(ctx, "", firstID, func(m *retrydv1.AwaitRetryResponse) error {
+	if err := storetest.AwaitRetry(ctx, s, firstID, func(m *retrydv1.AwaitRetryResponse) error {
 		msgs = append(msgs, m)
 		return nil
 	}); err != nil {
@@ -223,14 +224,14 @@ func TestTimerRetriesAFailedStart(t *testing.T) {
 	// that finds it already due starts it itself), so the delay leaves
 	// room for a slow goroutine start and the test waits on what it sees.
 	id := fail(t, s, "a", 1, 1500).GetDecision().GetSchedule().GetRetryId()
-	r, err := s.lookup("", id)
+	r, err := s.indexed(id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan []*retrydv1.AwaitRetryResponse, 1)
 	go func() {
 		var msgs []*retrydv1.AwaitRetryResponse
-		err := s.AwaitRetry(context.Background(), "", id, func(m *retrydv1.AwaitRetryResponse) error {
+		err := storetest.AwaitRetry(context.Background(), s, id, func(m *retrydv1.AwaitRetryResponse) error {
 			msgs = append(msgs, m)
 			return nil
 		})
@@ -278,7 +279,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 	ctx := context.Background()
 	a := New(Config{Persist: d.persist})
 	idle := fail(t, a, "idle", 1, 1)
-	if _, err := a.CancelRetry(ctx, "", idle.GetDecision().GetSchedule().GetRetryId()); err != nil {
+	if _, err := storetest.CancelRetry(ctx, a, idle.GetDecision().GetSchedule().GetRetryId()); err != nil {
 		t.Fatal(err)
 	}
 	soon := fail(t, a, "soon", 1, 300).GetDecision().GetSchedule()
@@ -295,7 +296,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 		t.Fatalf("last sequence %d, want %d", st.LastSequence, wantSeqs[len(wantSeqs)-1])
 	}
 	time.Sleep(20 * time.Millisecond)
-	b := New(Config{StoreOptions: service.StoreOptions{AbandonGrace: time.Minute}, Persist: d.persist, Restore: st})
+	b := New(Config{Options: store.Options{AbandonGrace: time.Minute}, Persist: d.persist, Restore: st})
 	defer b.Close()
 	for id, w := range want {
 		if got := chainsOf(t, b, id); !proto.Equal(got, w) {
@@ -312,7 +313,7 @@ func TestRestoreContinuesWhereItStopped(t *testing.T) {
 	}
 	for _, s := range []*retrydv1.Schedule{soon, late} {
 		var msgs []*retrydv1.AwaitRetryResponse
-		if err := b.AwaitRetry(ctx, "", s.GetRetryId(), func(m *retrydv1.AwaitRetryResponse) error {
+		if err := storetest.AwaitRetry(ctx, b, s.GetRetryId(), func(m *retrydv1.AwaitRetryResponse) error {
 			msgs = append(msgs, m)
 			return nil
 		}); err != nil {

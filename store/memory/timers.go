@@ -7,14 +7,7 @@ import (
 	"github.com/retryd/retryd/engine"
 )
 
-type timerKind uint8
-
-const (
-	timerDue     timerKind = iota // the backoff ends
-	timerAbandon                  // the grace for an awaiter ends
-)
-
-// timerEntry is one deadline: 24 bytes (a time.Time alone is 24), as
+// timerEntry is one deadline: 16 bytes (a time.Time alone is 24), as
 // every pending retry has one. The deadline is on the wall clock, the
 // clock of the due and start times the log records: if the wall clock
 // steps, a timer fires when the wall clock reaches its deadline, so a
@@ -22,7 +15,6 @@ const (
 type timerEntry struct {
 	at    int64 // Unix nanoseconds
 	retry *engine.Retry
-	kind  timerKind
 }
 
 // when returns the entry's deadline.
@@ -89,10 +81,10 @@ func newTimerHeap() *timerHeap {
 	return &timerHeap{wake: make(chan struct{}, 1)}
 }
 
-func (t *timerHeap) push(at time.Time, r *engine.Retry, kind timerKind) {
+func (t *timerHeap) push(at time.Time, r *engine.Retry) {
 	t.mu.Lock()
-	t.entries.push(timerEntry{at: at.UnixNano(), retry: r, kind: kind})
-	first := t.entries[0].retry == r && t.entries[0].kind == kind
+	t.entries.push(timerEntry{at: at.UnixNano(), retry: r})
+	first := t.entries[0].retry == r && t.entries[0].at == at.UnixNano()
 	t.mu.Unlock()
 	if first {
 		select {

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"github.com/retryd/retryd/store"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ func TestAwaiterEntryChangesRevision(t *testing.T) {
 	defer rdb.Close()
 	s := openReplica(t, srv.URL(0), redistest.Prefix(), newFakeClock(), &atomic.Int64{}, false)
 	pol := fixedPolicy(t, time.Hour, 3)
-	out, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
+	out, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"github.com/retryd/retryd/store"
 	"strconv"
 	"strings"
 	"syscall"
@@ -61,7 +62,7 @@ func TestClusterURL(t *testing.T) {
 		if got := s.Partitions(); got != want {
 			t.Errorf("%s: %d partitions, want %d", url, got, want)
 		}
-		if out, err := s.FailedStep(ctx, failure("over-"+strconv.Itoa(want))); err != nil || out.Scheduled == nil {
+		if out, err := store.New(s).FailedStep(ctx, failure("over-"+strconv.Itoa(want))); err != nil || out.Scheduled == nil {
 			t.Errorf("%s: FailedStep: %v %v", url, out, err)
 		}
 	}

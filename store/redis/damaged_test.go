@@ -8,6 +8,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -25,7 +26,7 @@ func TestDamagedSession(t *testing.T) {
 	// A short grace: the timer of a retry nobody awaits waits for its
 	// abandon time.
 	s, err := redis.Open(context.Background(), redis.Config{URL: srv.URL(0), KeyPrefix: prefix,
-		StoreOptions: service.StoreOptions{AbandonGrace: 100 * time.Millisecond}})
+		Options: store.Options{AbandonGrace: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +51,7 @@ func TestDamagedSession(t *testing.T) {
 		return 0
 	}
 	ctx := context.Background()
-	out, err := s.FailedStep(ctx, failure("broken"))
+	out, err := store.New(s).FailedStep(ctx, failure("broken"))
 	if err != nil || out.Scheduled == nil {
 		t.Fatalf("FailedStep: %v %v", out, err)
 	}
@@ -60,10 +61,10 @@ func TestDamagedSession(t *testing.T) {
 	if err := rdb.Set(ctx, prefix+"retryd:{broken}:s", "\xff\xff not a snapshot", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetChains(ctx, "broken"); err == nil || !strings.Contains(err.Error(), "damaged") {
+	if _, err := store.New(s).GetChains(ctx, "broken"); err == nil || !strings.Contains(err.Error(), "damaged") {
 		t.Errorf("GetChains of the damaged session: %v, want an error naming the damage", err)
 	}
-	if _, err := s.FailedStep(ctx, failure("healthy")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failure("healthy")); err != nil {
 		t.Errorf("FailedStep of another session: %v", err)
 	}
 	if n := postponed(); n != 0 {

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"github.com/retryd/retryd/store"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -74,7 +75,7 @@ func TestGroupEventsOneEntry(t *testing.T) {
 	for after := range uint64(len(all)) + 1 {
 		for _, session := range []string{"", "a", "d", "f"} {
 			var got []uint64
-			err := s.WatchEvents(ctx, &retrydv1.WatchEventsRequest{SessionId: session, AfterSequence: after, StopAtEnd: true},
+			err := store.New(s).WatchEvents(ctx, &retrydv1.WatchEventsRequest{SessionId: session, AfterSequence: after, StopAtEnd: true},
 				func(ev *retrydv1.Event) error {
 					got = append(got, ev.GetSequence())
 					return nil

@@ -11,8 +11,9 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -25,7 +26,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	var now atomic.Int64
 	now.Store(time.Now().UnixNano())
 	clock := func() time.Time { return time.Unix(0, now.Load()) }
-	s, err := Open(context.Background(), Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: clock},
+	s, err := Open(context.Background(), Config{Options: store.Options{ChainTTL: time.Hour, Now: clock},
 		URL: redistest.Shared(t).URL(0), KeyPrefix: redistest.Prefix(),
 	})
 	if err != nil {
@@ -43,7 +44,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 		return engine.Failure{Policy: p, Request: &retrydv1.FailedStepRequest{SessionId: "s", Turn: 1, Step: step,
 			Provider: "p", Failure: &retrydv1.Failure{Code: "SERVER"}}}
 	}
-	first, err := s.FailedStep(ctx, failure(1))
+	first, err := store.New(s).FailedStep(ctx, failure(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,16 +71,16 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	if second.Response.GetDecision().GetSchedule().GetRetryNumber() != 1 {
 		t.Errorf("the decision after the expiry: %v, want retry 1 of a new chain", second.Response)
 	}
-	chains, err := s.GetChains(ctx, "s")
+	chains, err := store.New(s).GetChains(ctx, "s")
 	if err != nil || chains.GetStep() != 2 || len(chains.GetChains()) != 1 ||
 		chains.GetChains()[0].GetLatest().GetRetryId() != second.Scheduled.ID {
 		t.Errorf("the session after the group: %v %v, want the new decision", chains, err)
 	}
-	if _, err := s.CancelRetry(ctx, "", first.Scheduled.ID); err == nil {
+	if _, err := storetest.CancelRetry(ctx, s, first.Scheduled.ID); err == nil {
 		t.Errorf("the expired session's retry %s still answers", first.Scheduled.ID)
 	}
 	var kinds []string
-	err = s.WatchEvents(ctx, &retrydv1.WatchEventsRequest{SessionId: "s", StopAtEnd: true}, func(ev *retrydv1.Event) error {
+	err = store.New(s).WatchEvents(ctx, &retrydv1.WatchEventsRequest{SessionId: "s", StopAtEnd: true}, func(ev *retrydv1.Event) error {
 		switch {
 		case ev.GetScheduled() != nil:
 			kinds = append(kinds, "scheduled")
@@ -95,7 +96,7 @@ func TestExpiryThenDecisionInOneGroup(t *testing.T) {
 	if want := []string{"scheduled", "started", "closed:CLOSE_REASON_EXPIRED", "scheduled"}; err != nil || !slices.Equal(kinds, want) {
 		t.Errorf("the session's log: %v %v, want %v", kinds, err, want)
 	}
-	if st := s.Stats(); st != (service.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}) {
+	if st := s.Stats(); st != (store.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}) {
 		t.Errorf("stats after the group: %+v, want one session with its open chain and pending retry", st)
 	}
 }
@@ -135,7 +136,7 @@ func TestSessionTimer(t *testing.T) {
 	ms := func(at time.Time) float64 { return *score(at) }
 	grace := time.Minute // openReplica's AbandonGrace
 
-	first, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
+	first, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func TestSessionTimer(t *testing.T) {
 		t.Fatalf("an unawaited retry's timer is at %v, want its abandon time %v", got, want)
 	}
 	// A repeated report changes nothing: neither does the timer.
-	if _, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1)); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := timer(), ms(due.Add(grace)); got != want {
@@ -169,7 +170,7 @@ func TestSessionTimer(t *testing.T) {
 	}
 	// A new pending retry moves it to the retry's abandon time.
 	clock.advance(time.Minute)
-	second, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 2))
+	second, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 2))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	"github.com/retryd/retryd/fleet"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // Fleet protection state (one fleet.ProviderState per tenant and
@@ -24,10 +24,6 @@ import (
 // then holds a state of its own. With more than one partition that splits
 // a provider's budget and circuit, so the server refuses fleet protection
 // there (see Store.Partitions); with one partition there is one state.
-
-// fleetTTL is how long an untouched fleet state is kept. By then a budget
-// has refilled and a window is empty: a new state is as good.
-const fleetTTL = time.Hour
 
 // fleetRecord is a fleet state as the store keeps it: the state, and the
 // configuration it is decided with, which a due retry's start needs
@@ -115,43 +111,24 @@ func (v *fleetView) write(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("redis store: encoding fleet state: %w", err)
 		}
-		v.c.Set(ctx, v.s.keys.fleetKey(v.part, key), b, fleetTTL)
+		v.c.Set(ctx, v.s.keys.fleetKey(v.part, key), b, store.FleetTTL)
 	}
 	return nil
 }
 
-// decide runs Fail with the fleet state f names, and keeps the state it
-// returns for the group's commit.
-func (t *txn) decide(f engine.Failure) (engine.FailOutcome, error) {
-	var st fleet.ProviderState
-	if f.FleetKey != "" {
-		st = t.fleets.get(f.FleetKey).ProviderState
-	}
-	out, err := t.sess.Fail(t.env, f, st)
-	if err == nil && out.FleetChanged {
-		t.fleets.save(f.FleetKey, f.FleetConfig, out.Fleet)
-	}
-	return out, err
-}
-
-// start runs Start with the fleet state of r's provider when one is kept
-// with its configuration (a provider never protected has none, nor one
-// whose state expired, which would let every retry start anyway), and
-// keeps the state it returns for the group's commit.
-func (t *txn) start(r *engine.Retry) engine.StartOutcome {
-	key := service.FleetKeyOf(r.SessionID, r.Provider())
+// Fleet implements store.Txn: the state as the group has it.
+func (t *txn) Fleet(key string) (engine.Fleet, bool) {
 	rec := t.fleets.get(key)
 	if rec.Config == nil {
-		return t.sess.Start(t.env, r, nil)
+		return engine.Fleet{Key: key, State: rec.ProviderState}, false
 	}
-	out := t.sess.Start(t.env, r, &engine.Fleet{Config: *rec.Config, State: rec.ProviderState})
-	if out.FleetChanged {
-		t.fleets.save(key, *rec.Config, out.Fleet)
-	}
-	return out
+	return engine.Fleet{Key: key, Config: *rec.Config, State: rec.ProviderState}, true
 }
 
-// FleetState implements service.Store.
+// SaveFleet implements store.Txn: written with the group.
+func (t *txn) SaveFleet(fl engine.Fleet) { t.fleets.save(fl.Key, fl.Config, fl.State) }
+
+// FleetState implements store.Backend.
 func (s *Store) FleetState(ctx context.Context, key string) (fleet.ProviderState, error) {
 	rec, err := decodeFleet(s.rdb.Get(ctx, s.keys.fleetKey(0, key)))
 	if err != nil {
@@ -160,7 +137,7 @@ func (s *Store) FleetState(ctx context.Context, key string) (fleet.ProviderState
 	return rec.ProviderState, nil
 }
 
-// UpdateFleet implements service.Store: an optimistic transaction on
+// UpdateFleet implements store.Backend: an optimistic transaction on
 // the one key, run again when a decision or another replica changed it
 // meanwhile.
 func (s *Store) UpdateFleet(ctx context.Context, key string, cfg fleet.Config, r fleet.Report, now time.Time) error {
@@ -177,17 +154,17 @@ func (s *Store) UpdateFleet(ctx context.Context, key string, cfg fleet.Config, r
 				return fmt.Errorf("redis store: encoding fleet state: %w", err)
 			}
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.Set(ctx, k, b, fleetTTL)
+				p.Set(ctx, k, b, store.FleetTTL)
 				return nil
 			})
 			return err
 		}, k)
 		if !errors.Is(err, redis.TxFailedErr) {
-			if err != nil && !errors.Is(err, service.ErrUnavailable) {
+			if err != nil && !errors.Is(err, store.ErrUnavailable) {
 				return unavailable("updating fleet state", err)
 			}
 			return err
 		}
 	}
-	return fmt.Errorf("redis store: fleet state %q: %d transactions lost to concurrent writers: %w", key, maxAttempts, service.ErrUnavailable)
+	return fmt.Errorf("redis store: fleet state %q: %d transactions lost to concurrent writers: %w", key, maxAttempts, store.ErrUnavailable)
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // Group commit. A replica queues each partition's transitions and commits
@@ -61,6 +61,25 @@ func (t *txn) changed(evs ...*retrydv1.Event) {
 	t.save, t.write = true, true
 	t.events = append(t.events, evs...)
 }
+
+// Env implements store.Txn.
+func (t *txn) Env() engine.Env { return t.env }
+
+// Session implements store.Txn.
+func (t *txn) Session() *engine.Session { return t.sess }
+
+// Create implements store.Txn.
+func (t *txn) Create() *engine.Session {
+	t.sess = engine.NewSession(t.id, t.env.Now)
+	return t.sess
+}
+
+// Record implements store.Txn: the session is written with the group,
+// and a new pending retry sets its timer (writeTimer).
+func (t *txn) Record(evs ...*retrydv1.Event) { t.changed(evs...) }
+
+// Forget implements store.Txn.
+func (t *txn) Forget(rs []*engine.Retry) { t.forgotten = append(t.forgotten, rs...) }
 
 // setWake sets the session's timer to at (nil: none), as the handler of
 // a timer that fell due does.
@@ -169,12 +188,12 @@ func (s *Store) updateWithFleet(ctx context.Context, id, fleetKey string, fn fun
 		case <-expired.C:
 			if q.withdraw(req) {
 				return fmt.Errorf("redis store: queued behind a commit: no commit within %s=%v: %w",
-					unavailableAfterParam, bound, service.ErrUnavailable)
+					unavailableAfterParam, bound, store.ErrUnavailable)
 			}
 			// In a group in flight: its commit goes on, and may still be
 			// recorded (see send).
 			return fmt.Errorf("redis store: committing: no answer within %s=%v: %w",
-				unavailableAfterParam, bound, service.ErrUnavailable)
+				unavailableAfterParam, bound, store.ErrUnavailable)
 		}
 	}
 }
@@ -265,10 +284,10 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 			return errs
 		case !errors.Is(err, errConflict):
 			switch {
-			case errors.Is(err, service.ErrUnavailable):
+			case errors.Is(err, store.ErrUnavailable):
 			case ctx.Err() != nil && wire.Err() == nil:
 				err = fmt.Errorf("redis store: committing: given up at the bound of the group's first call (%s=%v): %v: %w",
-					unavailableAfterParam, s.target.own.unavailableAfter, err, service.ErrUnavailable)
+					unavailableAfterParam, s.target.own.unavailableAfter, err, store.ErrUnavailable)
 			default:
 				err = s.unavailableWithin(wire, "committing", err)
 			}
@@ -280,7 +299,7 @@ func (s *Store) commitGroup(p int, group []*request) []error {
 		time.Sleep(time.Duration(mrand.Int64N(int64(attempt+1) * int64(200*time.Microsecond))))
 	}
 	for i := range errs {
-		errs[i] = fmt.Errorf("redis store: %d transactions lost to concurrent writers: %w", maxAttempts, service.ErrUnavailable)
+		errs[i] = fmt.Errorf("redis store: %d transactions lost to concurrent writers: %w", maxAttempts, store.ErrUnavailable)
 	}
 	return errs
 }

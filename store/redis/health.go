@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
-var _ service.Pinger = (*Store)(nil)
+var _ store.Pinger = (*Store)(nil)
 
-// Ping implements service.Pinger: Redis answers PING. The server turns a
+// Ping implements store.Pinger: Redis answers PING. The server turns a
 // failure into NOT_SERVING on gRPC health; the calls themselves fail
 // UNAVAILABLE on their own meanwhile, without guessing.
 func (s *Store) Ping(ctx context.Context) error {

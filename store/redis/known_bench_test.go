@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"fmt"
+	"github.com/retryd/retryd/store"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -59,7 +60,7 @@ func benchKnownSessions(b *testing.B, addrs []string, stores ...*redis.Store) {
 			s := stores[n[j]%uint64(len(stores))]
 			n[j]++
 			if pending[j] {
-				if _, err := s.CancelSession(ctx, id); err != nil {
+				if _, err := store.New(s).CancelSession(ctx, id); err != nil {
 					b.Fatal(err)
 				}
 				pending[j] = false
@@ -67,7 +68,7 @@ func benchKnownSessions(b *testing.B, addrs []string, stores ...*redis.Store) {
 				steps[j]++
 				f := failure(id)
 				f.Request.Step = steps[j]
-				out, err := s.FailedStep(ctx, f)
+				out, err := store.New(s).FailedStep(ctx, f)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // The key layouts. Both keep a session's keys under one hash tag; they
@@ -152,7 +152,7 @@ func (l layout) retryKey(p int, retryID string) string { return l.base(p) + "r:"
 // retryID makes a new retry id of partition p for a session from a
 // generated one. When the session id fits, the retry id names it —
 // GENERATED_SESSION, GENERATED without an underscore, SESSION of the
-// characters a retry id may hold, at most service.MaxRetryIDLen bytes in
+// characters a retry id may hold, at most store.MaxRetryIDLen bytes in
 // all — and needs no retry index key (see retrySession). Otherwise it is
 // the generated id, which with several partitions ends in -p, p the
 // partition: AwaitRetry and CancelRetries by id then read the index key.
@@ -161,7 +161,7 @@ func (l layout) retryKey(p int, retryID string) string { return l.base(p) + "r:"
 // has it replaced by a hyphen).
 func (l layout) retryID(p int, generated, sessionID string) string {
 	generated = strings.ReplaceAll(generated, "_", "-")
-	if len(generated)+1+len(sessionID) <= service.MaxRetryIDLen && isToken(sessionID) {
+	if len(generated)+1+len(sessionID) <= store.MaxRetryIDLen && isToken(sessionID) {
 		return generated + "_" + sessionID
 	}
 	if l.tags == nil {

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/store"
+
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 )
 
 // BenchmarkMemoryPerSession measures what one session costs Redis: the
@@ -68,7 +71,7 @@ func measureMemory(b *testing.B, nodeBytes string, newFailure func(string) engin
 	}
 	s := open(b, srv.URL(0), "")
 	// The first session creates the keys every session shares.
-	if _, err := s.FailedStep(ctx, newFailure("first")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, newFailure("first")); err != nil {
 		b.Fatal(err)
 	}
 	before := usedMemory(b, rdb)
@@ -77,7 +80,7 @@ func measureMemory(b *testing.B, nodeBytes string, newFailure func(string) engin
 	b.SetParallelism(8)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if _, err := s.FailedStep(ctx, newFailure(fmt.Sprintf("s-%d", n.Add(1)))); err != nil {
+			if _, err := store.New(s).FailedStep(ctx, newFailure(fmt.Sprintf("s-%d", n.Add(1)))); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -141,14 +144,14 @@ func BenchmarkCancelPropagation(b *testing.B) {
 	var afterCommit, withCall []time.Duration
 	b.ResetTimer()
 	for i := range b.N {
-		out, err := a.FailedStep(ctx, scheduled(b, fmt.Sprintf("s-%d", i), time.Hour))
+		out, err := store.New(a).FailedStep(ctx, scheduled(b, fmt.Sprintf("s-%d", i), time.Hour))
 		if err != nil {
 			b.Fatal(err)
 		}
 		id := out.Response.GetDecision().GetSchedule().GetRetryId()
 		attached, ended := make(chan struct{}), make(chan time.Time, 1)
 		go func() {
-			err := a.AwaitRetry(ctx, "", id, func(r *retrydv1.AwaitRetryResponse) error {
+			err := storetest.AwaitRetry(ctx, a, id, func(r *retrydv1.AwaitRetryResponse) error {
 				if r.GetState() != nil {
 					close(attached)
 				} else {
@@ -162,7 +165,7 @@ func BenchmarkCancelPropagation(b *testing.B) {
 		}()
 		<-attached
 		began := time.Now()
-		if _, err := other.CancelRetry(ctx, "", id); err != nil {
+		if _, err := storetest.CancelRetry(ctx, other, id); err != nil {
 			b.Fatal(err)
 		}
 		committed := time.Now()

@@ -11,7 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis/redistest"
 	"google.golang.org/protobuf/proto"
 )
@@ -50,7 +50,7 @@ func TestMigrateLegacyLayout(t *testing.T) {
 			sessions := []string{"a", "b", "c", "d", "e"}
 			answers := map[string]*retrydv1.FailedStepResponse{}
 			for _, id := range sessions {
-				out, err := s.FailedStep(ctx, failureOf(pol, id, 1, 1))
+				out, err := store.New(s).FailedStep(ctx, failureOf(pol, id, 1, 1))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -142,7 +142,7 @@ func TestMigrateLegacyLayout(t *testing.T) {
 				t.Errorf("population after the conversion: %+v, before: %+v", got, before)
 			}
 			for _, id := range sessions {
-				out, err := m.FailedStep(ctx, failureOf(pol, id, 1, 1))
+				out, err := store.New(m).FailedStep(ctx, failureOf(pol, id, 1, 1))
 				if err != nil {
 					t.Fatalf("FailedStep(%s) repeated after the conversion: %v", id, err)
 				}
@@ -151,7 +151,7 @@ func TestMigrateLegacyLayout(t *testing.T) {
 				}
 			}
 			// A new session's events are numbered after every older one.
-			if _, err := m.FailedStep(ctx, failureOf(pol, "f", 1, 1)); err != nil {
+			if _, err := store.New(m).FailedStep(ctx, failureOf(pol, "f", 1, 1)); err != nil {
 				t.Fatal(err)
 			}
 			if got := lastSequence(t, m); got <= last {
@@ -190,7 +190,7 @@ func TestMigrateLegacyLayout(t *testing.T) {
 func eventLog(t *testing.T, s *Store) []string {
 	t.Helper()
 	var out []string
-	err := s.WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+	err := store.New(s).WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
 		out = append(out, ev.GetSessionId()+"@"+strconv.FormatUint(ev.GetSequence(), 10))
 		return nil
 	})
@@ -234,11 +234,11 @@ func oneEventPerEntry(t *testing.T, rdb *goredis.Client, stream string) {
 func lastSequence(t *testing.T, s *Store) uint64 {
 	t.Helper()
 	var last uint64
-	err := s.WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+	err := store.New(s).WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
 		last = max(last, ev.GetSequence())
 		return nil
 	})
-	if err != nil && !errors.Is(err, service.ErrShutdown) {
+	if err != nil && !errors.Is(err, store.ErrShutdown) {
 		t.Fatal(err)
 	}
 	if last == 0 {

@@ -11,7 +11,7 @@ import (
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis/redistest"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -433,7 +433,7 @@ func TestQueuedBehindCut(t *testing.T) {
 	srv := redistest.StartInNamespace(t, 1)
 	s := open(t, srv.URL(0, 0)+"?unavailable_after="+netBound.String(), "")
 	ctx := context.Background()
-	if _, err := s.FailedStep(ctx, failure("before")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failure("before")); err != nil {
 		t.Fatal(err)
 	}
 	srv.Cut(t, 0)
@@ -445,14 +445,14 @@ func TestQueuedBehindCut(t *testing.T) {
 		wg.Go(func() {
 			time.Sleep(time.Duration(i) * 100 * time.Millisecond)
 			began := time.Now()
-			_, errs[i] = s.FailedStep(ctx, failure(fmt.Sprintf("queued-%d", i)))
+			_, errs[i] = store.New(s).FailedStep(ctx, failure(fmt.Sprintf("queued-%d", i)))
 			took[i] = time.Since(began)
 		})
 	}
 	wg.Wait()
 	for i := range took {
 		t.Logf("call %d: %v after %v", i, errs[i], took[i].Round(time.Millisecond))
-		if !errors.Is(errs[i], service.ErrUnavailable) {
+		if !errors.Is(errs[i], store.ErrUnavailable) {
 			t.Errorf("call %d: %v, want ErrUnavailable", i, errs[i])
 		}
 		// Twice the bound less the head start would be 900 ms.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/retryd/retryd/engine"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
 )
@@ -55,7 +55,7 @@ func TestOutageAnswersUnavailable(t *testing.T) {
 				session := fmt.Sprintf("w%d-%d", w, i)
 				ctx, cancel := context.WithTimeout(context.Background(), agentDeadline)
 				start := time.Now()
-				_, err := s.FailedStep(ctx, failure(session))
+				_, err := store.New(s).FailedStep(ctx, failure(session))
 				end := time.Now()
 				cancel()
 				mu.Lock()
@@ -85,7 +85,7 @@ func TestOutageAnswersUnavailable(t *testing.T) {
 		case a.start.After(killed) && a.end.Before(restarting):
 			away++
 			slowest = max(slowest, a.took)
-			if !errors.Is(a.err, service.ErrUnavailable) {
+			if !errors.Is(a.err, store.ErrUnavailable) {
 				t.Errorf("%s while Redis was away: %v after %v, want ErrUnavailable", a.session, a.err, a.took)
 			}
 			if chainsOf(t, s, a.session) > 0 {
@@ -108,7 +108,7 @@ func TestOutageAnswersUnavailable(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("%d acknowledged decisions were lost", lost)
 	}
-	if _, err := s.FailedStep(ctx, failure("after")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failure("after")); err != nil {
 		t.Errorf("FailedStep once Redis is back: %v", err)
 	}
 }
@@ -117,7 +117,7 @@ func TestOutageAnswersUnavailable(t *testing.T) {
 // has none.
 func chainsOf(t *testing.T, s *redis.Store, session string) int {
 	t.Helper()
-	chains, err := s.GetChains(context.Background(), session)
+	chains, err := store.New(s).GetChains(context.Background(), session)
 	if ee := (*engine.Error)(nil); errors.As(err, &ee) && ee.Kind == engine.KindNotFound {
 		return 0
 	}
@@ -144,7 +144,7 @@ func TestUnansweredCommitIsNotSentLate(t *testing.T) {
 	var away []string
 	for round := range 3 {
 		// A decision first, so the pool holds connections the kill breaks.
-		if _, err := s.FailedStep(ctx, failure(fmt.Sprintf("up-%d", round))); err != nil {
+		if _, err := store.New(s).FailedStep(ctx, failure(fmt.Sprintf("up-%d", round))); err != nil {
 			t.Fatalf("FailedStep while Redis is up: %v", err)
 		}
 		if err := srv.Kill(syscall.SIGKILL); err != nil {
@@ -152,9 +152,9 @@ func TestUnansweredCommitIsNotSentLate(t *testing.T) {
 		}
 		session := fmt.Sprintf("away-%d", round)
 		start := time.Now()
-		_, err := s.FailedStep(ctx, failure(session))
+		_, err := store.New(s).FailedStep(ctx, failure(session))
 		took := time.Since(start)
-		if !errors.Is(err, service.ErrUnavailable) {
+		if !errors.Is(err, store.ErrUnavailable) {
 			t.Fatalf("FailedStep while Redis is away: %v after %v, want ErrUnavailable", err, took)
 		}
 		if took > 2*bound {
@@ -173,7 +173,7 @@ func TestUnansweredCommitIsNotSentLate(t *testing.T) {
 			t.Errorf("%s, answered UNAVAILABLE while Redis was away, has %d chains once Redis is back", session, n)
 		}
 	}
-	if _, err := s.FailedStep(ctx, failure("after")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failure("after")); err != nil {
 		t.Errorf("FailedStep once Redis is back: %v", err)
 	}
 }

@@ -14,7 +14,7 @@
 // notification — atomically,
 // or not at all. A commit that lost a race is run again on fresh state, a bounded
 // number of times; past that, or when Redis cannot be reached, the call
-// fails with service.ErrUnavailable and nothing changed.
+// fails with store.ErrUnavailable and nothing changed.
 //
 // Key layouts (layout.go). In the single layout (the default on
 // standalone Redis and Sentinel) there is one partition: one counter
@@ -76,10 +76,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
-var _ service.Store = (*Store)(nil)
+var _ store.Backend = (*Store)(nil)
 
 // SchemaVersion is the version of the single key layout, stored in
 // retryd:schema; PartitionedSchemaVersion that of the partitioned one,
@@ -92,11 +92,11 @@ const (
 )
 
 // DefaultEventLogSize is roughly how many events the global stream keeps.
-const DefaultEventLogSize = service.DefaultEventLogSize
+const DefaultEventLogSize = store.DefaultEventLogSize
 
 const (
 	// maxAttempts bounds how often a transaction that lost a race is run
-	// again before the call fails with service.ErrUnavailable.
+	// again before the call fails with store.ErrUnavailable.
 	maxAttempts = 64
 	// pollInterval is how often a replica looks for due timers.
 	pollInterval = 10 * time.Millisecond
@@ -134,9 +134,9 @@ type Config struct {
 	// KeyPrefix is put before every key and channel, so that several
 	// independent retryd deployments (or tests) share one Redis.
 	KeyPrefix string
-	// StoreOptions are the settings every store takes; EventLogSize is
+	// Options are the settings every store takes; EventLogSize is
 	// roughly how many events each stream keeps.
-	service.StoreOptions
+	store.Options
 }
 
 // SchemaError is data written by a key layout other than the one this
@@ -193,7 +193,7 @@ type Store struct {
 	// postpone).
 	postponed atomic.Int64
 	statsMu   sync.Mutex
-	stats     service.Stats
+	stats     store.Stats
 
 	closing  chan struct{}
 	stopOnce sync.Once
@@ -209,7 +209,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.RequireAppendFsyncAlways = cfg.RequireAppendFsyncAlways || target.own.fsyncAlways
-	cfg.StoreOptions = cfg.StoreOptions.WithDefaults()
+	cfg.Options = cfg.Options.WithDefaults()
 	var onConnect func(context.Context, *redis.Conn) error
 	if cfg.RequireAppendFsyncAlways {
 		onConnect = requireDurable(target.String())
@@ -351,7 +351,7 @@ func unavailable(op string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return fmt.Errorf("redis store: %s: %w: %w", op, service.ErrUnavailable, err)
+	return fmt.Errorf("redis store: %s: %w: %w", op, store.ErrUnavailable, err)
 }
 
 // bounded returns ctx limited to the store URL's unavailable_after: one
@@ -372,7 +372,7 @@ func (s *Store) unavailableWithin(ctx context.Context, op string, err error) err
 		// Not wrapped: the caller's deadline did not pass, so the edge
 		// must not answer DEADLINE_EXCEEDED.
 		return fmt.Errorf("redis store: %s: no answer within %s=%v (%v): %w",
-			op, unavailableAfterParam, s.target.own.unavailableAfter, err, service.ErrUnavailable)
+			op, unavailableAfterParam, s.target.own.unavailableAfter, err, store.ErrUnavailable)
 	}
 	return unavailable(op, err)
 }

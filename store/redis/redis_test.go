@@ -15,7 +15,7 @@ import (
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/invariant"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/memory"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
@@ -97,14 +97,14 @@ func TestRedisDown(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	s := open(t, srv.URL(0), "")
-	if _, err := s.FailedStep(context.Background(), failure("a")); err != nil {
+	if _, err := store.New(s).FailedStep(context.Background(), failure("a")); err != nil {
 		t.Fatal(err)
 	}
 	srv.Stop()
-	if _, err := s.FailedStep(context.Background(), failure("b")); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := store.New(s).FailedStep(context.Background(), failure("b")); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("FailedStep with Redis down: %v, want ErrUnavailable", err)
 	}
-	if _, err := s.GetChains(context.Background(), "a"); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := store.New(s).GetChains(context.Background(), "a"); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("GetChains with Redis down: %v, want ErrUnavailable", err)
 	}
 }
@@ -119,9 +119,9 @@ func BenchmarkFailedStep(b *testing.B) {
 	// replicas opens n stores over one URL; cpu reads the Redis servers'
 	// CPU time (INFO cpu), so that each decision's cost in Redis is
 	// reported beside the rate.
-	replicas := func(n int, url string) []service.Store {
+	replicas := func(n int, url string) []store.Backend {
 		prefix := redistest.Prefix()
-		stores := make([]service.Store, n)
+		stores := make([]store.Backend, n)
 		for i := range stores {
 			stores[i] = open(b, url, prefix)
 		}
@@ -129,27 +129,27 @@ func BenchmarkFailedStep(b *testing.B) {
 	}
 	for _, backend := range []struct {
 		name string
-		open func(b *testing.B) (stores []service.Store, redisAddrs []string)
+		open func(b *testing.B) (stores []store.Backend, redisAddrs []string)
 	}{
-		{"memory", func(b *testing.B) ([]service.Store, []string) {
+		{"memory", func(b *testing.B) ([]store.Backend, []string) {
 			s := memory.New(memory.Config{})
-			b.Cleanup(s.Close)
-			return []service.Store{s}, nil
+			b.Cleanup(func() { _ = s.Close() })
+			return []store.Backend{s}, nil
 		}},
-		{"redis", func(b *testing.B) ([]service.Store, []string) {
+		{"redis", func(b *testing.B) ([]store.Backend, []string) {
 			srv := redistest.Shared(b)
 			return replicas(1, srv.URL(0)), []string{srv.Addr}
 		}},
 		// Three stores over one Redis: three replicas of retryd.
-		{"redis-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+		{"redis-3-replicas", func(b *testing.B) ([]store.Backend, []string) {
 			srv := redistest.Shared(b)
 			return replicas(3, srv.URL(0)), []string{srv.Addr}
 		}},
-		{"redis-partitioned-16-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+		{"redis-partitioned-16-3-replicas", func(b *testing.B) ([]store.Backend, []string) {
 			srv := redistest.Shared(b)
 			return replicas(3, srv.URL(0)+"?partitions=16"), []string{srv.Addr}
 		}},
-		{"redis-cluster-3-masters-3-replicas", func(b *testing.B) ([]service.Store, []string) {
+		{"redis-cluster-3-masters-3-replicas", func(b *testing.B) ([]store.Backend, []string) {
 			c := redistest.SharedCluster(b)
 			addrs := make([]string, len(c.Nodes))
 			for i, n := range c.Nodes {
@@ -169,7 +169,7 @@ func BenchmarkFailedStep(b *testing.B) {
 				for pb.Next() {
 					i := n.Add(1)
 					s := stores[int(i)%len(stores)]
-					if _, err := s.FailedStep(context.Background(), failure(fmt.Sprintf("s-%d", i))); err != nil {
+					if _, err := store.New(s).FailedStep(context.Background(), failure(fmt.Sprintf("s-%d", i))); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -228,7 +228,7 @@ func TestTwoStoresOneLog(t *testing.T) {
 					f := failure(fmt.Sprintf("s%d", i))
 					f.Request.Step = step*2 + uint64(k) + 1
 					f.Policy = nil // delegated: no pending retry in the way
-					if _, err := s.FailedStep(context.Background(), f); err != nil {
+					if _, err := store.New(s).FailedStep(context.Background(), f); err != nil {
 						var ee *engine.Error
 						if !errors.As(err, &ee) || ee.Kind != engine.KindStale {
 							t.Errorf("FailedStep: %v", err)
@@ -240,7 +240,7 @@ func TestTwoStoresOneLog(t *testing.T) {
 	}
 	wg.Wait()
 	var events []*retrydv1.Event
-	err := stores[1].WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true},
+	err := store.New(stores[1]).WatchEvents(context.Background(), &retrydv1.WatchEventsRequest{StopAtEnd: true},
 		func(ev *retrydv1.Event) error { events = append(events, ev); return nil })
 	if err != nil {
 		t.Fatal(err)

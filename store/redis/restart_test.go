@@ -11,9 +11,10 @@ import (
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/internal/retrydtest"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -193,7 +194,7 @@ func TestPing(t *testing.T) {
 	if err := srv.Kill(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Ping(ctx); !errors.Is(err, service.ErrUnavailable) {
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("Ping without Redis: %v, want ErrUnavailable", err)
 	}
 	srv.Restart(t)
@@ -213,14 +214,14 @@ func TestOutageGivesGrace(t *testing.T) {
 	t.Parallel()
 	srv := redistest.StartWith(t, redistest.Options{AppendOnly: true})
 	const grace = 4 * time.Second
-	s, err := redis.Open(context.Background(), redis.Config{StoreOptions: service.StoreOptions{AbandonGrace: grace}, URL: srv.URL(0)})
+	s, err := redis.Open(context.Background(), redis.Config{Options: store.Options{AbandonGrace: grace}, URL: srv.URL(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := s.FailedStep(ctx, scheduled(t, "s", 200*time.Millisecond))
+	out, err := store.New(s).FailedStep(ctx, scheduled(t, "s", 200*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +238,7 @@ func TestOutageGivesGrace(t *testing.T) {
 	// has handled the retry's timer by now.
 	time.Sleep(1500 * time.Millisecond)
 	var term *retrydv1.AwaitRetryResponse
-	err = s.AwaitRetry(ctx, "", id, func(r *retrydv1.AwaitRetryResponse) error {
+	err = storetest.AwaitRetry(ctx, s, id, func(r *retrydv1.AwaitRetryResponse) error {
 		if r.GetState() == nil {
 			term = r
 		}

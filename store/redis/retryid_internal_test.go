@@ -8,17 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/retryd/retryd/store"
+
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 )
 
 // TestRetryIDNamesSession: a retry of a session whose id fits in a retry
 // id is named after it and has no retry index key; CancelRetries and
 // AwaitRetry find it by its id alone, in every layout, and an id that
-// names a session without that retry, or a session out of the caller's
-// scope, is NOT_FOUND.
+// names a session without that retry is NOT_FOUND (the caller's scope is
+// the service's to check: service's tenancy tests).
 func TestRetryIDNamesSession(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Shared(t)
@@ -33,7 +36,7 @@ func TestRetryIDNamesSession(t *testing.T) {
 			pol := fixedPolicy(t, time.Hour, 3)
 			ids := map[string]string{}
 			for _, session := range []string{"s", "agent-7_run-2"} {
-				out, err := s.FailedStep(ctx, failureOf(pol, session, 1, 1))
+				out, err := store.New(s).FailedStep(ctx, failureOf(pol, session, 1, 1))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -54,24 +57,27 @@ func TestRetryIDNamesSession(t *testing.T) {
 			}
 
 			// The retry is found by its id alone.
-			view, err := (&awaitStore{s: s}).Look(ctx, "", ids["s"])
+			sessionID, err := s.Locate(ctx, ids["s"])
+			if err != nil || sessionID != "s" {
+				t.Fatalf("Locate(%s): %q (%v), want session s", ids["s"], sessionID, err)
+			}
+			view, err := s.Await(sessionID, ids["s"]).Look(ctx)
 			if err != nil || view.State.GetRetryId() != ids["s"] || view.State.GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_PENDING {
 				t.Fatalf("AwaitRetry's look-up of %s: %v (%v), want the pending retry", ids["s"], view.State, err)
 			}
-			for _, tc := range []struct{ scope, id string }{
-				{"", "R99_s"},                    // a session without that retry
-				{"", "R1_nobody"},                // no such session
-				{"tenant\x1f", ids["s"]},         // another tenant's scope
-				{"", ids["s"][:len(ids["s"])-2]}, // a prefix of a real id
-				{"", ids["agent-7_run-2"] + "x"}, // a session that does not exist
+			for _, id := range []string{
+				"R99_s",                    // a session without that retry
+				"R1_nobody",                // no such session
+				ids["s"][:len(ids["s"])-2], // a prefix of a real id
+				ids["agent-7_run-2"] + "x", // a session that does not exist
 			} {
-				_, err := s.CancelRetry(ctx, tc.scope, tc.id)
+				_, err := storetest.CancelRetry(ctx, s, id)
 				var ee *engine.Error
 				if !errors.As(err, &ee) || ee.Kind != engine.KindNotFound {
-					t.Errorf("CancelRetry(%q, %q): %v, want not found", tc.scope, tc.id, err)
+					t.Errorf("CancelRetry(%q): %v, want not found", id, err)
 				}
 			}
-			resp, err := s.CancelRetry(ctx, "", ids["agent-7_run-2"])
+			resp, err := storetest.CancelRetry(ctx, s, ids["agent-7_run-2"])
 			if err != nil || len(resp.GetRetries()) != 1 || resp.GetRetries()[0].GetStatus() != retrydv1.RetryStatus_RETRY_STATUS_CANCELLED {
 				t.Fatalf("CancelRetry(%s): %v (%v), want it cancelled", ids["agent-7_run-2"], resp, err)
 			}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/retryd/retryd/store"
 	"net"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ func TestRetryIndexKeys(t *testing.T) {
 		t.Helper()
 		step++
 		mark := mon.mark(t)
-		o, err := s.FailedStep(ctx, failureOf(pol, session, 1, step))
+		o, err := store.New(s).FailedStep(ctx, failureOf(pol, session, 1, step))
 		if err != nil || o.Scheduled == nil {
 			t.Fatalf("step %d: %v, scheduled %v", step, err, o.Scheduled)
 		}

@@ -9,48 +9,38 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/await"
 )
 
-// The service.Store calls, each a transition committed by update.
+// The backend's primitives (store.Backend): a transaction is a group
+// commit's transition (update), a read is of the session's key, a retry
+// is found by the id that names its session or by the retry index.
 
-// FailedStep implements service.Store.
-func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
-	var out engine.FailOutcome
-	if err := s.updateWithFleet(ctx, f.Request.GetSessionId(), f.FleetKey, decide(f, &out)); err != nil {
-		return engine.FailOutcome{}, err
-	}
-	return out, nil
+// Update implements store.Backend.
+func (s *Store) Update(ctx context.Context, id, fleetKey string, fn func(store.Txn) error) error {
+	return s.updateWithFleet(ctx, id, fleetKey, func(t *txn) error { return fn(t) })
 }
 
-// decide is FailedStep's transition; it leaves its outcome in out.
-func decide(f engine.Failure, out *engine.FailOutcome) func(*txn) error {
-	return func(t *txn) error {
-		if t.sess == nil {
-			t.sess = engine.NewSession(t.id, t.env.Now)
-		}
-		var err error
-		if *out, err = t.decide(f); err != nil {
-			return err
-		}
-		if len(out.Events) == 0 {
-			return nil // a repeated report changes nothing
-		}
-		t.changed(out.Events...) // a new retry sets the timer (writeTimer)
-		t.forgotten = out.Forgotten
-		return nil
+// Read implements store.Backend.
+func (s *Store) Read(ctx context.Context, id string, fn func(*engine.Session) error) error {
+	sess, err := s.loadOne(ctx, id)
+	if err != nil {
+		return err
 	}
+	return fn(sess)
 }
 
-// sessionOf returns the session of a retry id of a session in scope (see
-// service.InScope): the one it names, or the retry index's. The caller
-// finds the retry in the session, or answers NOT_FOUND.
-func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, error) {
+// Now implements store.Backend.
+func (s *Store) Now() time.Time { return s.cfg.Now() }
+
+// Closing implements store.Backend.
+func (s *Store) Closing() <-chan struct{} { return s.closing }
+
+// Locate implements store.Backend: the session a retry id names, or the
+// retry index's.
+func (s *Store) Locate(ctx context.Context, retryID string) (string, error) {
 	if id, ok := retrySession(retryID); ok {
-		if !service.InScope(scope, id) {
-			return "", notFound("no retry %s", retryID)
-		}
 		return id, nil
 	}
 	p, ok := s.keys.retryPartition(retryID)
@@ -60,7 +50,7 @@ func (s *Store) sessionOf(ctx context.Context, scope, retryID string) (string, e
 	bctx, cancel := s.bounded(ctx)
 	defer cancel()
 	id, err := s.rdb.Get(bctx, s.keys.retryKey(p, retryID)).Result()
-	if errors.Is(err, redis.Nil) || err == nil && !service.InScope(scope, id) {
+	if errors.Is(err, redis.Nil) {
 		return "", notFound("no retry %s", retryID)
 	}
 	if err != nil {
@@ -85,10 +75,9 @@ func (s *Store) retry(ctx context.Context, sessionID, retryID string) (*engine.R
 	return r, nil
 }
 
-// AwaitRetry implements service.Store: the protocol of package await,
-// over this store's primitives (awaitStore).
-func (s *Store) AwaitRetry(ctx context.Context, scope, retryID string, send func(*retrydv1.AwaitRetryResponse) error) error {
-	return await.Retry(ctx, &awaitStore{s: s}, s.cfg.Now, scope, retryID, send)
+// Await implements store.Backend.
+func (s *Store) Await(sessionID, retryID string) await.Store {
+	return &awaitStore{s: s, sessionID: sessionID, retryID: retryID}
 }
 
 // awaitStore is the store as the await protocol sees it, for one stream
@@ -106,13 +95,8 @@ func view(r *engine.Retry) await.View {
 }
 
 // Look implements await.Store.
-func (a *awaitStore) Look(ctx context.Context, scope, retryID string) (await.View, error) {
-	sessionID, err := a.s.sessionOf(ctx, scope, retryID)
-	if err != nil {
-		return await.View{}, err
-	}
-	a.sessionID, a.retryID = sessionID, retryID
-	r, err := a.s.retry(ctx, sessionID, retryID)
+func (a *awaitStore) Look(ctx context.Context) (await.View, error) {
+	r, err := a.s.retry(ctx, a.sessionID, a.retryID)
 	if err != nil {
 		return await.View{}, err
 	}
@@ -187,147 +171,56 @@ func (a *awaiter) Wait(ctx context.Context) (*retrydv1.AwaitRetryResponse, error
 	}
 }
 
-// CancelRetry implements service.Store.
-func (s *Store) CancelRetry(ctx context.Context, scope, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	sessionID, err := s.sessionOf(ctx, scope, retryID)
-	if err != nil {
-		return nil, err
+// Events implements store.Backend: all events come from the partition's
+// stream, or with several partitions from all of theirs merged in
+// sequence order (mergedReader); a session's are those of its partition's
+// stream that name it. Each event is appended once, to its partition's
+// stream: a stream per session as well would double the appends of every
+// decision and hold a whole stream node per session, for the rarer reader
+// of one session, who reads past the other sessions' events instead, as
+// the memory store's log does.
+func (s *Store) Events(sessionID string, after uint64) store.EventReader {
+	if sessionID == "" && s.keys.partitions() > 1 {
+		return s.newMergedReader(after)
 	}
-	var state *retrydv1.RetryState
-	err = s.update(ctx, sessionID, func(t *txn) error {
-		var r *engine.Retry
-		if t.sess != nil {
-			r = t.sess.Retry(retryID)
-		}
-		if r == nil {
-			return notFound("no retry %s", retryID)
-		}
-		if evs := t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED); len(evs) > 0 {
-			t.changed(evs...)
-		}
-		state = r.State()
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{state}}, nil
+	return &streamReader{s: s, session: sessionID, key: s.keys.eventsKey(s.keys.partition(sessionID)), after: after}
 }
 
-// CancelSession implements service.Store.
-func (s *Store) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
-	resp := &retrydv1.CancelRetriesResponse{}
-	err := s.update(ctx, sessionID, func(t *txn) error {
-		if t.sess == nil {
-			return notFound("no session %s", sessionID)
-		}
-		states, delegation, evs := t.sess.CancelAll(t.env)
-		t.changed(evs...)
-		resp.Retries, resp.DelegationsCancelled = states, 0
-		if delegation {
-			resp.DelegationsCancelled = 1
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return resp, nil
+// streamReader reads one partition's stream.
+type streamReader struct {
+	s       *Store
+	session string
+	key     string
+	after   uint64
 }
 
-// StepSucceeded implements service.Store. A success on a session retryd
-// has never seen records nothing.
-func (s *Store) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
-	resp := &retrydv1.StepSucceededResponse{}
-	err := s.update(ctx, req.GetSessionId(), func(t *txn) error {
-		if t.sess == nil {
-			return nil
-		}
-		closed, evs, err := t.sess.Succeed(t.env, req.GetTurn(), req.GetStep())
-		if err != nil {
-			return err
-		}
-		t.changed(evs...) // even without events the latest position moved
-		resp.Closed = closed
-		return nil
-	})
+// Next implements store.EventReader: a notification lost while the
+// subscription reconnected is made up for by reading again every
+// recheckInterval.
+func (r *streamReader) Next(ctx context.Context) (store.Batch, error) {
+	notified, release := r.s.notify.watch(r.session)
+	msgs, err := r.s.rdb.XRangeN(ctx, r.key, strconv.FormatUint(r.after+1, 10)+"-0", "+", readBatch).Result()
 	if err != nil {
-		return nil, err
-	}
-	return resp, nil
-}
-
-// GetChains implements service.Store.
-func (s *Store) GetChains(ctx context.Context, sessionID string) (*retrydv1.GetChainsResponse, error) {
-	sess, err := s.loadOne(ctx, sessionID)
-	if err != nil {
-		return nil, err
-	}
-	if sess == nil {
-		return nil, notFound("no session %s", sessionID)
-	}
-	return sess.Chains(), nil
-}
-
-// WatchEvents implements service.Store: all events come from the
-// partition's stream, or with several partitions from all of theirs
-// merged in sequence order (watchAll); a session's are those of its
-// partition's stream that name it. Each event is appended once, to its
-// partition's stream: a stream per session as well would double the
-// appends of every decision and hold a whole stream node per session,
-// for the rarer reader of one session, who reads past the other
-// sessions' events instead, as the memory store's log does.
-func (s *Store) WatchEvents(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	session := req.GetSessionId()
-	key := s.keys.eventsKey(s.keys.partition(session))
-	if session == "" && s.keys.partitions() > 1 {
-		return s.watchAll(ctx, req, send)
-	}
-	after := req.GetAfterSequence()
-	recheck := time.NewTicker(recheckInterval)
-	defer recheck.Stop()
-	for {
-		notified, release := s.notify.watch(session)
-		msgs, err := s.rdb.XRangeN(ctx, key, strconv.FormatUint(after+1, 10)+"-0", "+", readBatch).Result()
-		if err != nil {
-			release()
-			return unavailable("reading events", err)
-		}
-		for _, m := range msgs {
-			evs, err := decodeEvents(m, after)
-			if err != nil {
-				release()
-				return err
-			}
-			for _, ev := range evs {
-				after = ev.GetSequence()
-				if session != "" && ev.GetSessionId() != session {
-					continue
-				}
-				if err := send(ev); err != nil {
-					release()
-					return err
-				}
-			}
-		}
-		if len(msgs) == readBatch {
-			release()
-			continue
-		}
-		if req.GetStopAtEnd() {
-			release()
-			return nil
-		}
-		select {
-		case <-notified:
-		case <-recheck.C:
-		case <-ctx.Done():
-			release()
-			return ctx.Err()
-		case <-s.closing:
-			release()
-			return service.ErrShutdown
-		}
 		release()
+		return store.Batch{}, unavailable("reading events", err)
 	}
+	var out []*retrydv1.Event
+	for _, m := range msgs {
+		evs, err := decodeEvents(m, r.after)
+		if err != nil {
+			release()
+			return store.Batch{}, err
+		}
+		for _, ev := range evs {
+			r.after = ev.GetSequence()
+			if r.session == "" || ev.GetSessionId() == r.session {
+				out = append(out, ev)
+			}
+		}
+	}
+	return store.Batch{Events: out, More: len(msgs) == readBatch, Wake: notified, Recheck: recheckInterval,
+		Release: release}, nil
 }
+
+// Held implements store.EventReader: one stream is read in order.
+func (*streamReader) Held() bool { return false }

@@ -10,7 +10,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/internal/retrydtest"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
 )
@@ -91,11 +91,11 @@ func TestSentinelOpen(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Fatalf("Ping through the Sentinel: %v", err)
 	}
-	out, err := s.FailedStep(ctx, failure("through-sentinel"))
+	out, err := store.New(s).FailedStep(ctx, failure("through-sentinel"))
 	if err != nil || out.Response.GetDecision().GetSchedule() == nil {
 		t.Fatalf("FailedStep through the Sentinel: %v %v, want a schedule", out.Response, err)
 	}
-	if _, err := s.GetChains(ctx, "through-sentinel"); err != nil {
+	if _, err := store.New(s).GetChains(ctx, "through-sentinel"); err != nil {
 		t.Fatalf("GetChains through the Sentinel: %v", err)
 	}
 
@@ -148,11 +148,11 @@ func TestDurabilityOnEveryConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.Ping(ctx)
-	if !errors.Is(err, service.ErrUnavailable) || !strings.Contains(err.Error(), `appendfsync "everysec"`) ||
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), `appendfsync "everysec"`) ||
 		!strings.Contains(err.Error(), srv.Addr) {
 		t.Errorf("Ping of a Redis that stopped fsyncing every write: %v, want ErrUnavailable naming everysec and %s", err, srv.Addr)
 	}
-	if _, err := s.FailedStep(ctx, failure("undurable")); !errors.Is(err, service.ErrUnavailable) {
+	if _, err := store.New(s).FailedStep(ctx, failure("undurable")); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("FailedStep on a Redis that stopped fsyncing every write: %v, want ErrUnavailable", err)
 	}
 	if err := c.ConfigSet(ctx, "appendfsync", "always").Err(); err != nil {
@@ -161,7 +161,7 @@ func TestDurabilityOnEveryConnection(t *testing.T) {
 	if err := s.Ping(ctx); err != nil {
 		t.Errorf("Ping once appendfsync is always again: %v", err)
 	}
-	if _, err := s.FailedStep(ctx, failure("durable")); err != nil {
+	if _, err := store.New(s).FailedStep(ctx, failure("durable")); err != nil {
 		t.Errorf("FailedStep once appendfsync is always again: %v", err)
 	}
 }

@@ -14,8 +14,9 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -56,7 +57,7 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 func openReplica(t testing.TB, url, prefix string, clock *fakeClock, ids *atomic.Int64, decodeAlways bool) *Store {
 	t.Helper()
 	s, err := Open(context.Background(), Config{URL: url, KeyPrefix: prefix,
-		StoreOptions: service.StoreOptions{ChainTTL: time.Hour, AbandonGrace: time.Minute, Now: clock.now,
+		Options: store.Options{ChainTTL: time.Hour, AbandonGrace: time.Minute, Now: clock.now,
 			NewID: func() string { return fmt.Sprintf("R%d", ids.Add(1)) }, Rand: halfRand{}},
 	})
 	if err != nil {
@@ -135,7 +136,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		fail := func(s *Store, session string, turn, step uint64) string {
 			t.Helper()
 			before := knownSession(s, session)
-			o, err := s.FailedStep(ctx, failureOf(pol, session, turn, step))
+			o, err := store.New(s).FailedStep(ctx, failureOf(pol, session, turn, step))
 			record("FailedStep", o.Response, err)
 			record("events", o.Events, err)
 			if !decodeAlways && before != nil && knownSession(s, session) == before {
@@ -152,7 +153,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		}
 		get := func(session string) {
 			t.Helper()
-			chains, err := a.GetChains(ctx, session)
+			chains, err := store.New(a).GetChains(ctx, session)
 			record("GetChains", chains, err)
 		}
 
@@ -162,7 +163,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		fail(a, "s1", 1, 3) // refused: a retry is pending
 		record("start", nil, startRetry(ctx, a, "s1", r))
 		fail(a, "s1", 1, 2) // repeated after the start
-		ok, err := a.StepSucceeded(ctx, &retrydv1.StepSucceededRequest{SessionId: "s1", Turn: 1, Step: 3})
+		ok, err := store.New(a).StepSucceeded(ctx, &retrydv1.StepSucceededRequest{SessionId: "s1", Turn: 1, Step: 3})
 		record("StepSucceeded", ok, err)
 		step(a, "s1", 1, 4)
 		step(b, "s1", 1, 5) // the other replica changes the session
@@ -170,10 +171,10 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		step(b, "s3", 1, 1) // the counter moves, s1 does not
 		step(a, "s1", 1, 7)
 		r = fail(a, "s1", 1, 8)
-		cancelled, err := a.CancelRetry(ctx, "", r)
+		cancelled, err := storetest.CancelRetry(ctx, a, r)
 		record("CancelRetry", cancelled, err)
 		fail(a, "s2", 1, 1)
-		all, err := a.CancelSession(ctx, "s2")
+		all, err := store.New(a).CancelSession(ctx, "s2")
 		record("CancelSession", all, err)
 		get("s2")
 
@@ -205,7 +206,7 @@ func TestSessionReuseAnswersAsDecoding(t *testing.T) {
 		get("s3")
 
 		var log []*retrydv1.Event
-		err = a.WatchEvents(ctx, &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
+		err = store.New(a).WatchEvents(ctx, &retrydv1.WatchEventsRequest{StopAtEnd: true}, func(ev *retrydv1.Event) error {
 			log = append(log, ev)
 			return nil
 		})
@@ -258,7 +259,7 @@ func TestSessionReuseAfterOtherReplica(t *testing.T) {
 	pol := fixedPolicy(t, time.Second, 20)
 	number := func(s *Store, step uint64) uint32 {
 		t.Helper()
-		o, err := s.FailedStep(ctx, failureOf(pol, "s", 1, step))
+		o, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, step))
 		if err != nil {
 			t.Fatalf("FailedStep step %d: %v", step, err)
 		}
@@ -285,7 +286,7 @@ func TestSessionReuseAfterOtherReplica(t *testing.T) {
 	}
 	// a still keeps its session, but what it knows is out of date: the
 	// commit's check fails, and a decides again on b's snapshot.
-	o, err := a.FailedStep(ctx, failureOf(pol, "s", 1, 4))
+	o, err := store.New(a).FailedStep(ctx, failureOf(pol, "s", 1, 4))
 	if err != nil || o.Response.GetDecision().GetSchedule().GetRetryNumber() != 4 {
 		t.Fatalf("step 4 after the other replica's step 3: %v %v, want retry 4", o.Response, err)
 	}
@@ -301,18 +302,18 @@ func TestSessionReuseAfterOtherReplica(t *testing.T) {
 	// again: step 5 is decided once, on the snapshot, and written.
 	// (After the conflict a reads first for a second, which would find the
 	// counter's new value: end that, so that the commit conflicts.)
-	if _, err := b.FailedStep(ctx, failureOf(pol, "other", 1, 1)); err != nil {
+	if _, err := store.New(b).FailedStep(ctx, failureOf(pol, "other", 1, 1)); err != nil {
 		t.Fatal(err)
 	}
 	a.contention[a.keys.partition("s")].Store(0)
-	o, err = a.FailedStep(ctx, failureOf(pol, "s", 1, 5))
+	o, err = store.New(a).FailedStep(ctx, failureOf(pol, "s", 1, 5))
 	if err != nil || o.Response.GetDecision().GetSchedule().GetRetryNumber() != 5 || len(o.Events) == 0 {
 		t.Fatalf("step 5 after the counter moved: %v (%d events) %v, want retry 5 with its events", o.Response, len(o.Events), err)
 	}
 	if knownSession(a, "s") == second {
 		t.Fatal("the replica kept the session its conflicted attempt changed")
 	}
-	chains, err := b.GetChains(ctx, "s")
+	chains, err := store.New(b).GetChains(ctx, "s")
 	if err != nil || chains.GetStep() != 5 || chains.GetChains()[0].GetRetries() != 5 {
 		t.Fatalf("the session in Redis: %v %v, want step 5 and 5 retries", chains, err)
 	}
@@ -324,7 +325,7 @@ func TestSessionReuseAfterOtherReplica(t *testing.T) {
 	// wrote it stays reusable, and one another replica changed does not.
 	a.conflicted(a.keys.partition("s"))
 	third := knownSession(a, "s")
-	if _, err := b.FailedStep(ctx, failureOf(pol, "other2", 1, 1)); err != nil {
+	if _, err := store.New(b).FailedStep(ctx, failureOf(pol, "other2", 1, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if n := number(a, 6); n != 6 || knownSession(a, "s") != third {
@@ -383,7 +384,7 @@ func TestSessionReuseAfterFailedWrite(t *testing.T) {
 			s.rdb.AddHook(hook)
 			ctx := context.Background()
 			pol := fixedPolicy(t, time.Second, 20)
-			first, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 1))
+			first, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 1))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -394,14 +395,14 @@ func TestSessionReuseAfterFailedWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			hook.armed.Store(true)
-			if _, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 2)); !errors.Is(err, service.ErrUnavailable) {
+			if _, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 2)); !errors.Is(err, store.ErrUnavailable) {
 				t.Fatalf("step 2 with the script failing: %v, want unavailable", err)
 			}
 			hook.armed.Store(false)
 			if sess := knownSession(s, "s"); sess != nil {
 				t.Fatal("the replica keeps a session after a commit that failed")
 			}
-			o, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 2))
+			o, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 2))
 			if err != nil || o.Response.GetDecision().GetSchedule().GetRetryNumber() != 2 {
 				t.Fatalf("step 2 again: %v %v, want retry 2", o.Response, err)
 			}
@@ -411,14 +412,14 @@ func TestSessionReuseAfterFailedWrite(t *testing.T) {
 			if got := len(o.Events) > 0; got == lost {
 				t.Fatalf("step 2 again after the script ran=%t: %d events", lost, len(o.Events))
 			}
-			chains, err := s.GetChains(ctx, "s")
+			chains, err := store.New(s).GetChains(ctx, "s")
 			if err != nil || chains.GetStep() != 2 || chains.GetChains()[0].GetRetries() != 2 {
 				t.Fatalf("the session in Redis: %v %v, want step 2 and 2 retries", chains, err)
 			}
 			if err := startRetry(ctx, s, "s", o.Response.GetDecision().GetSchedule().GetRetryId()); err != nil {
 				t.Fatal(err)
 			}
-			if o, err := s.FailedStep(ctx, failureOf(pol, "s", 1, 3)); err != nil || o.Response.GetDecision().GetSchedule().GetRetryNumber() != 3 {
+			if o, err := store.New(s).FailedStep(ctx, failureOf(pol, "s", 1, 3)); err != nil || o.Response.GetDecision().GetSchedule().GetRetryNumber() != 3 {
 				t.Fatalf("step 3: %v %v, want retry 3", o.Response, err)
 			}
 		})

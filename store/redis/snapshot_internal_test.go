@@ -3,6 +3,7 @@ package redis
 import (
 	"bytes"
 	"context"
+	"github.com/retryd/retryd/store"
 	"testing"
 	"time"
 
@@ -124,7 +125,7 @@ func longSession(t testing.TB, a *Store, id string) knownValue {
 	fail := func() string {
 		t.Helper()
 		step++
-		out, err := a.FailedStep(ctx, failureOf(pol, id, 1, step))
+		out, err := store.New(a).FailedStep(ctx, failureOf(pol, id, 1, step))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +143,7 @@ func longSession(t testing.TB, a *Store, id string) knownValue {
 			if err := startRetry(ctx, a, id, rid); err != nil {
 				t.Fatal(err)
 			}
-		} else if _, err := a.CancelSession(ctx, id); err != nil {
+		} else if _, err := store.New(a).CancelSession(ctx, id); err != nil {
 			t.Fatal(err)
 		}
 	}

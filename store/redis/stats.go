@@ -9,10 +9,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
-var _ service.StatsSource = (*Store)(nil)
+var _ store.Backend = (*Store)(nil)
 
 // Population gauges. Counting sessions, open chains and pending retries by
 // scanning Redis would cost a SCAN of every key per metrics scrape; instead
@@ -96,8 +96,8 @@ func (c counters) String() string {
 		strconv.FormatInt(c.pop.chains, 10) + " " + strconv.FormatInt(c.pop.pending, 10)
 }
 
-// Stats implements service.StatsSource with one HMGET of the counters.
-func (s *Store) Stats() service.Stats {
+// Stats implements store.Backend with one HMGET of the counters.
+func (s *Store) Stats() store.Stats {
 	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 	defer cancel()
 	cmds := make([]*redis.StringCmd, s.keys.partitions())
@@ -110,7 +110,7 @@ func (s *Store) Stats() service.Stats {
 	s.statsMu.Lock()
 	defer s.statsMu.Unlock()
 	if err == nil || errors.Is(err, redis.Nil) {
-		var st service.Stats
+		var st store.Stats
 		for _, c := range cmds {
 			pop := parseCounters(c.Val()).pop
 			st.Sessions += max(pop.sessions, 0)

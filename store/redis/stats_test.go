@@ -9,9 +9,10 @@ import (
 	"github.com/retryd/retryd/engine"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
 	"github.com/retryd/retryd/policy"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis"
 	"github.com/retryd/retryd/store/redis/redistest"
+	"github.com/retryd/retryd/store/storetest"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -50,7 +51,7 @@ func TestStats(t *testing.T) {
 	srv := redistest.Shared(t)
 	prefix := redistest.Prefix()
 	clk := newClock()
-	cfg := redis.Config{StoreOptions: service.StoreOptions{ChainTTL: time.Hour, Now: clk.Now}, URL: srv.URL(0), KeyPrefix: prefix}
+	cfg := redis.Config{Options: store.Options{ChainTTL: time.Hour, Now: clk.Now}, URL: srv.URL(0), KeyPrefix: prefix}
 	replicas := make([]*redis.Store, 2)
 	for i := range replicas {
 		s, err := redis.Open(context.Background(), cfg)
@@ -63,7 +64,7 @@ func TestStats(t *testing.T) {
 	a, b := replicas[0], replicas[1]
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	want := func(what string, want service.Stats, awaitersA, awaitersB int64) {
+	want := func(what string, want store.Stats, awaitersA, awaitersB int64) {
 		t.Helper()
 		for {
 			ga, gb := a.Stats(), b.Stats()
@@ -80,7 +81,7 @@ func TestStats(t *testing.T) {
 	}
 	fail := func(s *redis.Store, f engine.Failure) string {
 		t.Helper()
-		out, err := s.FailedStep(ctx, f)
+		out, err := store.New(s).FailedStep(ctx, f)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -88,33 +89,33 @@ func TestStats(t *testing.T) {
 	}
 
 	first := fail(a, scheduled(t, "a", time.Hour))
-	want("a scheduled retry", service.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}, 0, 0)
+	want("a scheduled retry", store.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}, 0, 0)
 	delegated := failure("b")
 	delegated.Policy = nil
 	fail(b, delegated)
-	want("and a delegation", service.Stats{Sessions: 2, OpenChains: 1, PendingRetries: 1}, 0, 0)
+	want("and a delegation", store.Stats{Sessions: 2, OpenChains: 1, PendingRetries: 1}, 0, 0)
 	third := fail(b, scheduled(t, "c", 10*time.Hour))
-	want("and another retry", service.Stats{Sessions: 3, OpenChains: 2, PendingRetries: 2}, 0, 0)
+	want("and another retry", store.Stats{Sessions: 3, OpenChains: 2, PendingRetries: 2}, 0, 0)
 
 	awaited := make(chan error, 1)
 	go func() {
-		awaited <- a.AwaitRetry(ctx, "", third, func(*retrydv1.AwaitRetryResponse) error { return nil })
+		awaited <- storetest.AwaitRetry(ctx, a, third, func(*retrydv1.AwaitRetryResponse) error { return nil })
 	}()
-	want("an awaiter on A", service.Stats{Sessions: 3, OpenChains: 2, PendingRetries: 2}, 1, 0)
-	if _, err := b.CancelRetry(ctx, "", first); err != nil {
+	want("an awaiter on A", store.Stats{Sessions: 3, OpenChains: 2, PendingRetries: 2}, 1, 0)
+	if _, err := storetest.CancelRetry(ctx, b, first); err != nil {
 		t.Fatal(err)
 	}
-	want("the first retry cancelled", service.Stats{Sessions: 3, OpenChains: 1, PendingRetries: 1}, 1, 0)
+	want("the first retry cancelled", store.Stats{Sessions: 3, OpenChains: 1, PendingRetries: 1}, 1, 0)
 	// Idle past the TTL, a and b expire; c is kept while its retry pends.
 	clk.Advance(2 * time.Hour)
-	want("two sessions expired", service.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}, 1, 0)
-	if _, err := b.CancelSession(ctx, "c"); err != nil {
+	want("two sessions expired", store.Stats{Sessions: 1, OpenChains: 1, PendingRetries: 1}, 1, 0)
+	if _, err := store.New(b).CancelSession(ctx, "c"); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-awaited; err != nil {
 		t.Fatal(err)
 	}
-	want("all cancelled", service.Stats{Sessions: 1}, 0, 0)
+	want("all cancelled", store.Stats{Sessions: 1}, 0, 0)
 	clk.Advance(2 * time.Hour)
-	want("all expired", service.Stats{}, 0, 0)
+	want("all expired", store.Stats{}, 0, 0)
 }

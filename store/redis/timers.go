@@ -10,8 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/retryd/retryd/engine"
-	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // Timers. Every session has one member in its partition's timer set,
@@ -118,7 +117,7 @@ func (s *Store) wake(ctx context.Context, sessionID, legacy string) error {
 }
 
 // woken is the transition of a session whose timer fell due: its pending
-// retry moves on (moveOn); without one, the session expires once its TTL
+// retry moves on (store.Tick); without one, the session expires once its TTL
 // passed; the timer is set to when the session next needs it, or removed
 // with the session.
 func (s *Store) woken(t *txn) error {
@@ -128,7 +127,7 @@ func (s *Store) woken(t *txn) error {
 	}
 	var next time.Time
 	if r := t.sess.Pending(); r != nil {
-		next = s.moveOn(t, r)
+		next = store.Tick(t, r, t.awaiters[r.ID] > 0, s.abandonAt(r))
 	}
 	if t.sess.Pending() == nil {
 		next = s.expiresAt(t.sess)
@@ -142,33 +141,6 @@ func (s *Store) woken(t *txn) error {
 	}
 	t.setWake(score(next))
 	return nil
-}
-
-// moveOn moves a session's pending retry on at its timer: Start when an
-// agent awaits it and it is due, Cancel (abandoned) when its grace passed
-// with none. It returns when the retry next needs the timer, or the zero
-// time once it ended.
-func (s *Store) moveOn(t *txn, r *engine.Retry) time.Time {
-	now, awaited := t.env.Now, t.awaiters[r.ID] > 0
-	switch {
-	case now.Before(r.Due()):
-		if awaited {
-			return r.Due()
-		}
-		return s.abandonAt(r)
-	case awaited:
-		out := t.start(r)
-		if out.Event == nil {
-			return out.HeldUntil // held by fleet protection
-		}
-		t.changed(out.Event)
-		return time.Time{}
-	case now.Before(s.abandonAt(r)):
-		return s.abandonAt(r)
-	default:
-		t.changed(t.sess.Cancel(t.env, r, retrydv1.CancelReason_CANCEL_REASON_ABANDONED)...)
-		return time.Time{}
-	}
 }
 
 // fire handles retryID's timer when an agent's stream finds it due (see
@@ -294,9 +266,9 @@ func (s *Store) fireAll(ctx context.Context, due [][]string) {
 // waits before it is tried again.
 const damagedRetry = time.Minute
 
-var _ service.DamagedTimerSource = (*Store)(nil)
+var _ store.DamagedTimerSource = (*Store)(nil)
 
-// TimersPostponed implements service.DamagedTimerSource.
+// TimersPostponed implements store.DamagedTimerSource.
 func (s *Store) TimersPostponed() int64 { return s.postponed.Load() }
 
 // postpone handles a timer's failure: when the session's data is damaged

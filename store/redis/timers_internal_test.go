@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 	"github.com/retryd/retryd/store/redis/redistest"
 )
 
@@ -28,7 +28,7 @@ func TestPostponeOnlyDamagedData(t *testing.T) {
 		err      error
 		deferred bool
 	}{
-		{"unavailable", fmt.Errorf("redis store: committing: %w", service.ErrUnavailable), false},
+		{"unavailable", fmt.Errorf("redis store: committing: %w", store.ErrUnavailable), false},
 		{"commit deadline", fmt.Errorf("committing: %w", context.DeadlineExceeded), false},
 		{"cancelled", context.Canceled, false},
 		{"a lost race", errors.New("redis store: 64 transactions lost to concurrent writers"), false},
@@ -37,7 +37,7 @@ func TestPostponeOnlyDamagedData(t *testing.T) {
 	}
 	for i, tt := range tests {
 		session := fmt.Sprintf("timer-%d", i)
-		o, err := s.FailedStep(ctx, failureOf(pol, session, 1, 1))
+		o, err := store.New(s).FailedStep(ctx, failureOf(pol, session, 1, 1))
 		if err != nil || o.Scheduled == nil {
 			t.Fatalf("%s: FailedStep: %v", tt.name, err)
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
-	"github.com/retryd/retryd/service"
+	"github.com/retryd/retryd/store"
 )
 
 // Sequences with several partitions. Each partition numbers its own
@@ -50,88 +50,77 @@ func (s *Store) partitionLogSize() int {
 	return max(s.cfg.EventLogSize/s.keys.partitions(), readBatch)
 }
 
-// watchAll is WatchEvents of every session with several partitions.
-func (s *Store) watchAll(ctx context.Context, req *retrydv1.WatchEventsRequest, send func(*retrydv1.Event) error) error {
-	n := s.keys.partitions()
-	after := req.GetAfterSequence()
-	read := make([]uint64, n) // the last sequence read per partition
-	for p := range read {
-		read[p] = after
+// mergedReader reads every partition's stream, for WatchEvents of every
+// session with several partitions.
+type mergedReader struct {
+	s    *Store
+	read []uint64 // the last sequence read per partition
+	held eventHeap
+	sent uint64
+}
+
+func (s *Store) newMergedReader(after uint64) *mergedReader {
+	r := &mergedReader{s: s, read: make([]uint64, s.keys.partitions()), sent: after}
+	for p := range r.read {
+		r.read[p] = after
 	}
-	var held eventHeap
-	sent := after
-	recheck := time.NewTicker(recheckInterval)
-	defer recheck.Stop()
-	for {
-		notified, release := s.notify.watch("")
-		at := time.Now()
-		cmds := make([]*redis.XMessageSliceCmd, n)
-		_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			for p := range cmds {
-				cmds[p] = pl.XRangeN(ctx, s.keys.eventsKey(p), strconv.FormatUint(read[p]+1, 10)+"-0", "+", readBatch)
-			}
-			return nil
-		})
-		if err != nil {
-			release()
-			return unavailable("reading events", err)
+	return r
+}
+
+// Held implements store.EventReader.
+func (r *mergedReader) Held() bool { return r.held.Len() > 0 }
+
+// Next implements store.EventReader: it reads every partition once and
+// returns the held events no partition can precede any more.
+func (r *mergedReader) Next(ctx context.Context) (store.Batch, error) {
+	s := r.s
+	notified, release := s.notify.watch("")
+	at := time.Now()
+	cmds := make([]*redis.XMessageSliceCmd, len(r.read))
+	_, err := s.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for p := range cmds {
+			cmds[p] = pl.XRangeN(ctx, s.keys.eventsKey(p), strconv.FormatUint(r.read[p]+1, 10)+"-0", "+", readBatch)
 		}
-		// Everything up to watermark has been read from every partition.
-		watermark := uint64(at.Add(-clockAllowance).UnixMicro())
-		full := false
-		for p, c := range cmds {
-			msgs := c.Val()
-			for _, m := range msgs {
-				evs, err := decodeEvents(m, read[p])
-				if err != nil {
-					release()
-					return err
-				}
-				for _, ev := range evs {
-					heap.Push(&held, ev)
-					read[p] = ev.GetSequence()
-				}
-			}
-			if len(msgs) == readBatch {
-				full = true
-				watermark = min(watermark, read[p])
-			}
-		}
-		for held.Len() > 0 && (held[0].GetSequence() <= watermark || held[0].GetSequence() <= sent) {
-			ev := heap.Pop(&held).(*retrydv1.Event)
-			if err := send(ev); err != nil {
-				release()
-				return err
-			}
-			sent = max(sent, ev.GetSequence())
-		}
-		if full {
-			release()
-			continue
-		}
-		if req.GetStopAtEnd() && held.Len() == 0 {
-			release()
-			return nil
-		}
-		var wait <-chan time.Time
-		if held.Len() > 0 {
-			// The oldest held event is released once the clock passes it.
-			due := time.UnixMicro(int64(held[0].GetSequence())).Add(clockAllowance)
-			wait = time.After(max(time.Until(due), time.Millisecond))
-		}
-		select {
-		case <-notified:
-		case <-wait:
-		case <-recheck.C:
-		case <-ctx.Done():
-			release()
-			return ctx.Err()
-		case <-s.closing:
-			release()
-			return service.ErrShutdown
-		}
+		return nil
+	})
+	if err != nil {
 		release()
+		return store.Batch{}, unavailable("reading events", err)
 	}
+	// Everything up to watermark has been read from every partition.
+	watermark := uint64(at.Add(-clockAllowance).UnixMicro())
+	full := false
+	for p, c := range cmds {
+		msgs := c.Val()
+		for _, m := range msgs {
+			evs, err := decodeEvents(m, r.read[p])
+			if err != nil {
+				release()
+				return store.Batch{}, err
+			}
+			for _, ev := range evs {
+				heap.Push(&r.held, ev)
+				r.read[p] = ev.GetSequence()
+			}
+		}
+		if len(msgs) == readBatch {
+			full = true
+			watermark = min(watermark, r.read[p])
+		}
+	}
+	var out []*retrydv1.Event
+	for r.held.Len() > 0 && (r.held[0].GetSequence() <= watermark || r.held[0].GetSequence() <= r.sent) {
+		ev := heap.Pop(&r.held).(*retrydv1.Event)
+		out = append(out, ev)
+		r.sent = max(r.sent, ev.GetSequence())
+	}
+	recheck := recheckInterval
+	if r.held.Len() > 0 {
+		// The oldest held event is released once the clock passes it.
+		due := time.UnixMicro(int64(r.held[0].GetSequence())).Add(clockAllowance)
+		recheck = min(recheck, max(time.Until(due), time.Millisecond))
+	}
+	return store.Batch{Events: out, More: full, Wake: notified, Recheck: recheck, Release: release}, nil
 }
 
 // eventHeap orders held events by sequence.

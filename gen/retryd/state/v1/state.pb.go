@@ -480,7 +480,11 @@ type Retry struct {
 	// The start confirmation, once the retry started.
 	Started *v1.RetryStarted `protobuf:"bytes,4,opt,name=started,proto3" json:"started,omitempty"`
 	// The cancellation, once the retry was cancelled.
-	Cancelled     *v1.RetryCancelled `protobuf:"bytes,5,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	Cancelled *v1.RetryCancelled `protobuf:"bytes,5,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// The fleet protection state that counts the retry queued until it starts
+	// or is cancelled (a tenant's provider); empty when fleet protection did
+	// not admit it, and in retries stored before this field existed.
+	FleetKey      string `protobuf:"bytes,6,opt,name=fleet_key,json=fleetKey,proto3" json:"fleet_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -550,6 +554,13 @@ func (x *Retry) GetCancelled() *v1.RetryCancelled {
 	return nil
 }
 
+func (x *Retry) GetFleetKey() string {
+	if x != nil {
+		return x.FleetKey
+	}
+	return ""
+}
+
 var File_retryd_state_v1_state_proto protoreflect.FileDescriptor
 
 const file_retryd_state_v1_state_proto_rawDesc = "" +
@@ -593,13 +604,14 @@ const file_retryd_state_v1_state_proto_rawDesc = "" +
 	"\battempts\x18\a \x03(\tR\battempts\x12&\n" +
 	"\x0flatest_retry_id\x18\b \x01(\tR\rlatestRetryId\x12C\n" +
 	"\x11latest_unretained\x18\t \x01(\v2\x16.retryd.state.v1.RetryR\x10latestUnretainedB\x0e\n" +
-	"\f_max_retries\"\x8d\x02\n" +
+	"\f_max_retries\"\xaa\x02\n" +
 	"\x05Retry\x12/\n" +
 	"\x05chain\x18\x01 \x01(\v2\x19.retryd.state.v1.ChainKeyR\x05chain\x12.\n" +
 	"\x06status\x18\x02 \x01(\x0e2\x16.retryd.v1.RetryStatusR\x06status\x127\n" +
 	"\tscheduled\x18\x03 \x01(\v2\x19.retryd.v1.RetryScheduledR\tscheduled\x121\n" +
 	"\astarted\x18\x04 \x01(\v2\x17.retryd.v1.RetryStartedR\astarted\x127\n" +
-	"\tcancelled\x18\x05 \x01(\v2\x19.retryd.v1.RetryCancelledR\tcancelledB6Z4github.com/retryd/retryd/gen/retryd/state/v1;statev1b\x06proto3"
+	"\tcancelled\x18\x05 \x01(\v2\x19.retryd.v1.RetryCancelledR\tcancelled\x12\x1b\n" +
+	"\tfleet_key\x18\x06 \x01(\tR\bfleetKeyB6Z4github.com/retryd/retryd/gen/retryd/state/v1;statev1b\x06proto3"
 
 var (
 	file_retryd_state_v1_state_proto_rawDescOnce sync.Once

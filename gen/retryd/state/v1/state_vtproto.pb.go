@@ -439,6 +439,13 @@ func (m *Retry) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.FleetKey) > 0 {
+		i -= len(m.FleetKey)
+		copy(dAtA[i:], m.FleetKey)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.FleetKey)))
+		i--
+		dAtA[i] = 0x32
+	}
 	if m.Cancelled != nil {
 		if vtmsg, ok := interface{}(m.Cancelled).(interface {
 			MarshalToSizedBufferVT([]byte) (int, error)
@@ -725,6 +732,10 @@ func (m *Retry) SizeVT() (n int) {
 		} else {
 			l = proto.Size(m.Cancelled)
 		}
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
+	l = len(m.FleetKey)
+	if l > 0 {
 		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)

@@ -196,7 +196,11 @@ func TestFleetRefusedOnPartitions(t *testing.T) {
 	}
 }
 
-func testFleetShared(t *testing.T, url string) {
+// fleetReplicas returns two replicas of the service with fleetPolicies
+// over one Redis at url: two stores under one key prefix, as two retryd
+// processes have them.
+func fleetReplicas(t *testing.T, url string) [2]*service.Service {
+	t.Helper()
 	prefix := redistest.Prefix()
 	policies, err := config.Parse([]byte(fleetPolicies))
 	if err != nil {
@@ -213,6 +217,11 @@ func testFleetShared(t *testing.T, url string) {
 			t.Fatal(err)
 		}
 	}
+	return replicas
+}
+
+func testFleetShared(t *testing.T, url string) {
+	replicas := fleetReplicas(t, url)
 	ctx := context.Background()
 	decide := func(r *service.Service, session string) *retrydv1.Decision {
 		t.Helper()
@@ -253,23 +262,7 @@ func testFleetShared(t *testing.T, url string) {
 // the event log here.
 func TestFleetQueueDrainedOnAnyReplica(t *testing.T) {
 	t.Parallel()
-	prefix := redistest.Prefix()
-	url := redistest.Shared(t).URL(0)
-	policies, err := config.Parse([]byte(fleetPolicies))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var replicas [2]*service.Service
-	for i := range replicas {
-		st, err := redis.Open(context.Background(), redis.Config{URL: suiteURL(url), KeyPrefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		if replicas[i], err = service.New(st, service.WithPolicies(policies)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	replicas := fleetReplicas(t, redistest.Shared(t).URL(0))
 	ctx := context.Background()
 	queued := func() [2]uint32 {
 		t.Helper()

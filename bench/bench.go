@@ -6,7 +6,9 @@
 // from /proc/<pid>/stat). With Config.RedisPeer it also runs retryd on a
 // redis-server of its own and redis-benchmark's EVALSHA against the same
 // server (redispeer.go), and with Config.RatelimitBin envoyproxy/ratelimit
-// on that server too (ratelimit.go). Run it with
+// on that server too (ratelimit.go). RunStorm (storm.go) is the failure
+// storm: every FailedStep a new session's first failure, on the memory
+// and Redis stores and as a herd on one fleet-protected provider. Run it with
 // go run ./bench/cmd/retryd-bench; docs/benchmarks.md describes the load
 // and the numbers.
 package bench

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -34,6 +35,10 @@ type process struct {
 	cmd         *exec.Cmd
 	done        chan struct{}
 	logs        *lockedBuffer
+	// gcCPU is the CPU time, in nanoseconds, of the garbage collections
+	// the process reported on stderr so far (GODEBUG=gctrace=1; see
+	// gcTraceCPU), zero for a process not started with it.
+	gcCPU atomic.Int64
 }
 
 // build compiles the Go package pkg (relative to dir) into outDir/name.
@@ -100,6 +105,10 @@ func start(ctx context.Context, name, bin string, args, env []string) (*process,
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
+			if ns, ok := gcTraceCPU(sc.Text()); ok {
+				p.gcCPU.Add(ns)
+				continue // one line per collection: not worth the log tail
+			}
 			p.logs.add(sc.Text())
 			select {
 			case lines <- sc.Text():
@@ -270,4 +279,32 @@ func (b *lockedBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return strings.Join(b.lines, "\n")
+}
+
+// gcTraceCPU reads the CPU time of one collection from a GODEBUG=gctrace=1
+// line ("gc 7 @0.512s 1%: 0.011+1.2+0.020 ms clock, 0.045+0.31/0.58/0.10+0.082
+// ms cpu, …"): the sum of the "ms cpu" terms, that is stop-the-world sweep
+// termination, mark assists, background and idle marking, and mark
+// termination, in nanoseconds. Sweeping is not in it.
+func gcTraceCPU(line string) (int64, bool) {
+	if !strings.HasPrefix(line, "gc ") {
+		return 0, false
+	}
+	_, rest, ok := strings.Cut(line, " ms clock, ")
+	if !ok {
+		return 0, false
+	}
+	terms, _, ok := strings.Cut(rest, " ms cpu")
+	if !ok {
+		return 0, false
+	}
+	var ms float64
+	for _, f := range strings.FieldsFunc(terms, func(r rune) bool { return r == '+' || r == '/' }) {
+		v, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return 0, false
+		}
+		ms += v
+	}
+	return int64(ms * 1e6), true
 }

@@ -8,6 +8,15 @@
 //	    [--chains 10000,100000,1000000] [--awaiters 100000 [--awaiters-load 32]]
 //	    [--scale-src DIR] [--chains-memory-limit 1GiB] [--skip-ab] [--out bench-results.md]
 //	go run ./bench/cmd/retryd-bench --all [--ratelimit-bin PATH] --out bench-results.md
+//	go run ./bench/cmd/retryd-bench --storm [--storm-calls 60000] [--storm-callers 50] [--rounds 3]
+//	    [--storm-herd 2000] [--redis-peer [--ratelimit-bin PATH]]
+//
+// --storm runs the failure storm instead of the A/B modes: each FailedStep
+// a new session's first failure, against retryd on the memory store and,
+// with --redis-peer, on the Redis store (beside ratelimit with
+// --ratelimit-bin); --storm-herd N adds (or alone runs) the herd, N
+// sessions per phase failing on one provider with fleet protection on.
+// Each is interleaved with the bare echo under the same load.
 //
 // --all runs every part, as docs/benchmarks.md reports them; flags given
 // beside it win.
@@ -97,6 +106,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		sc.ChainsMemoryLimit = n
 		return nil
 	})
+	storm := bench.StormConfig{Calls: 60_000, Callers: 50}
+	fs.BoolVar(&storm.Memory, "storm", false, "run the failure storm instead of the A/B modes: every FailedStep a new session's first failure, against retryd on the memory store (--abandon-grace 1s --chain-ttl 10s, admission bounds off), interleaved with the bare echo; with --redis-peer also on the Redis store (with --ratelimit-bin, beside ratelimit)")
+	fs.IntVar(&storm.Herd, "storm-herd", 0, "run the storm's herd (instead of the A/B modes): this many sessions per phase failing on one provider with fleet protection (budget and circuit) on; 0: skip")
+	fs.IntVar(&storm.Calls, "storm-calls", storm.Calls, "FailedSteps per phase of --storm")
+	fs.IntVar(&storm.Callers, "storm-callers", storm.Callers, "concurrent callers of --storm and --storm-herd")
 	all := fs.Bool("all", false, "run every part as docs/benchmarks.md reports it: the A/B modes, --gubernator, --redis-peer (with ratelimit when --ratelimit-bin or $RETRYD_BENCH_RATELIMIT_BIN names its binary), --chains "+allChains+" and --awaiters 100000 (lead 75s, spread 60s); flags given explicitly win")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -113,6 +127,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg.Root = root
 	cfg.Log = stderr
 	var table strings.Builder
+	if storm.Memory || storm.Herd > 0 {
+		storm.Redis = storm.Memory && cfg.RedisPeer
+		if cfg.RatelimitBin != "" && !storm.Memory {
+			return errors.New("--ratelimit-bin with --storm-herd needs --storm: ratelimit runs in the storm's Redis scenario")
+		}
+		results, err := bench.RunStorm(ctx, cfg, storm)
+		if err != nil {
+			return err
+		}
+		if err := bench.WriteStormTable(&table, cfg, storm, results); err != nil {
+			return err
+		}
+		*skipAB = true
+	}
 	if !*skipAB {
 		results, err := bench.Run(ctx, cfg)
 		if err != nil {

@@ -19,7 +19,9 @@ import (
 type Retry struct {
 	ID        string
 	SessionID string
-	// Awaiters counts connected AwaitRetry streams; maintained by the store.
+	// Awaiters counts connected AwaitRetry streams, as the store counts
+	// them (RetryState.awaiters): set by the store, read by the engine only
+	// to render a state.
 	Awaiters int
 	Status   retrydv1.RetryStatus
 
@@ -30,7 +32,6 @@ type Retry struct {
 	retryNumber uint32
 	maxRetries  uint32 // when bounded
 	bounded     bool
-	committed   bool // terminal, and Commit released it
 	// reason is why a cancelled retry was cancelled.
 	reason     retrydv1.CancelReason
 	turn, step uint64
@@ -53,10 +54,6 @@ type Retry struct {
 	// fleet protection admitted it (see FleetKey).
 	fleetKey string
 
-	// done is made by the first Done call of a retry that is not yet
-	// committed terminal, closed by Commit and then dropped: a retry
-	// nobody awaits never has a channel, a settled one no longer holds it.
-	done  chan struct{}
 	chain *Chain
 }
 
@@ -69,27 +66,6 @@ type storedRetry struct {
 	scheduled *retrydv1.RetryScheduled
 	started   *retrydv1.RetryStarted
 	cancelled *retrydv1.RetryCancelled
-}
-
-// closedDone is the Done channel of every committed terminal retry.
-var closedDone = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
-
-// Done returns a channel that is closed once the retry is terminal and the
-// store committed the transition (Session.Commit). Call it with the
-// session held as for any transition (the store's lock); receive from the
-// channel without it.
-func (r *Retry) Done() <-chan struct{} {
-	if r.committed {
-		return closedDone
-	}
-	if r.done == nil {
-		r.done = make(chan struct{})
-	}
-	return r.done
 }
 
 // FleetKey names the fleet state that counts the retry queued until it

@@ -139,7 +139,7 @@ func (s *Session) clearRecords() {
 	s.records = s.records[:0]
 }
 
-// settle notes that r became terminal, for the next Commit to release.
+// settle notes that r became terminal (see Settled).
 func (s *Session) settle(r *Retry) {
 	if s.settled == nil {
 		s.settled = new([]*Retry)
@@ -232,13 +232,22 @@ func (s *Session) OpenChains() int {
 // Retries returns the retained retries, oldest first.
 func (s *Session) Retries() []*Retry { return s.retries }
 
-// Commit releases the awaiters of every retry that became terminal since
-// the last Commit or Revert: it closes their Done channels. A store calls
-// it once the transitions are durable (at once when it keeps nothing), so
-// no agent hears of a start or cancellation that a crash could undo.
-//
-// Commit also compacts the step records of scheduled decisions (see
-// stepRecord): once committed, their events carry their final sequence.
+// Settled returns the retries that became terminal since the last Commit
+// or Revert, for the store to release their awaiters once the transitions
+// are durable (at once when it keeps nothing), so that no agent hears of a
+// start or cancellation that a crash could undo. The slice is valid until
+// the next Commit.
+func (s *Session) Settled() []*Retry {
+	if s.settled == nil {
+		return nil
+	}
+	return *s.settled
+}
+
+// Commit ends the transitions since the last Commit or Revert: Settled is
+// empty again, and the step records of scheduled decisions are compacted
+// (see stepRecord): once committed, their events carry their final
+// sequence.
 func (s *Session) Commit() {
 	for i := range s.records {
 		s.records[i].compact()
@@ -247,13 +256,6 @@ func (s *Session) Commit() {
 		return
 	}
 	settled := *s.settled
-	for _, r := range settled {
-		if r.done != nil {
-			close(r.done)
-			r.done = nil
-		}
-		r.committed = true
-	}
 	clear(settled)
 	*s.settled = settled[:0]
 }

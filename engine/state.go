@@ -16,8 +16,8 @@ import (
 // Snapshot returns the session's whole state in the storage schema, for a
 // durable store to write. It shares the session's immutable records (a
 // restored retry's messages, the failure, the policy, stored responses),
-// so marshal it before the session changes again. Connected awaiters and Done
-// channels are runtime state and are not part of it.
+// so marshal it before the session changes again. Connected awaiters are
+// runtime state and are not part of it.
 func (s *Session) Snapshot() *statev1.Session {
 	out := s.SnapshotWithoutRetries()
 	for _, r := range s.retries {
@@ -107,8 +107,8 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 }
 
 // RestoreSession rebuilds a session from its Snapshot; the session takes
-// ownership of snap. A restored pending retry has a fresh Done channel and
-// no awaiters; a restored terminal retry's Done is closed. A snapshot that
+// ownership of snap. A restored retry has no awaiters and nothing Settled.
+// A snapshot that
 // does not describe a consistent session (a pending retry that is not
 // retained, a retry of an unknown chain, …) is an error: the store's data
 // is damaged, and retryd must not guess.
@@ -266,7 +266,6 @@ func (s *Session) restoreRetry(pr *statev1.Retry) (*Retry, error) {
 	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING && started == nil && cancelled == nil:
 	case r.Status == retrydv1.RetryStatus_RETRY_STATUS_STARTED && started != nil && cancelled == nil,
 		r.Status == retrydv1.RetryStatus_RETRY_STATUS_CANCELLED && cancelled != nil && started == nil:
-		r.committed = true // recovered terminal: Done is closed
 	default:
 		return nil, fmt.Errorf("engine: restore session %q: retry %s has status %s with started=%t cancelled=%t",
 			s.ID, r.ID, r.Status, started != nil, cancelled != nil)
@@ -317,9 +316,9 @@ func (s *Session) Checkpoint() *Checkpoint {
 
 // Revert puts the session back as it was at cp, undoing every transition
 // since: a retry scheduled since is forgotten, a retry started or cancelled
-// since is pending again (its Done channel was never closed, as that waits
-// for Commit). Use a checkpoint at most once, and only for the session that
-// took it.
+// since is pending again and no longer Settled (its awaiters were never
+// released, as that waits for Commit). Use a checkpoint at most once, and
+// only for the session that took it.
 func (s *Session) Revert(cp *Checkpoint) {
 	*s = cp.session
 	for _, c := range cp.chains {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -241,15 +242,6 @@ func roundTrip(t *testing.T, s *Session) *Session {
 	return r
 }
 
-func closed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
-}
-
 // TestRestoreBehavesIdentically restores the session after every step of
 // the script and runs the rest of the script on the copy: every later answer
 // and the final state must be those of the session that never stopped.
@@ -264,9 +256,12 @@ func TestRestoreBehavesIdentically(t *testing.T) {
 		if got, wantSnap := copies[i].Snapshot(), orig.Snapshot(); !proto.Equal(got, wantSnap) {
 			t.Fatalf("before step %d (%s): restored snapshot differs:\n got %v\nwant %v", i, st.name, got, wantSnap)
 		}
+		if settled := copies[i].Settled(); len(settled) != 0 {
+			t.Fatalf("before step %d: a restored session has %d settled retries, want none", i, len(settled))
+		}
 		for _, r := range copies[i].Retries() {
-			if pending := r.Status == retrydv1.RetryStatus_RETRY_STATUS_PENDING; closed(r.Done()) == pending || r.Awaiters != 0 {
-				t.Fatalf("before step %d: restored retry %s (%s) has Done closed=%t, %d awaiters", i, r.ID, r.Status, closed(r.Done()), r.Awaiters)
+			if r.Awaiters != 0 {
+				t.Fatalf("before step %d: restored retry %s (%s) has %d awaiters", i, r.ID, r.Status, r.Awaiters)
 			}
 		}
 		want[i] = st.do(orig, env(i))
@@ -334,16 +329,19 @@ func TestRevertUndoesEveryStep(t *testing.T) {
 		if s.Pending() != pending {
 			t.Fatalf("step %d (%s): the pending retry object changed across a revert", i, st.name)
 		}
-		if pending != nil && closed(pending.Done()) {
-			t.Fatalf("step %d (%s): a reverted start or cancel released the awaiters", i, st.name)
+		if settled := s.Settled(); len(settled) != 0 {
+			t.Fatalf("step %d (%s): a reverted start or cancel left %d retries settled", i, st.name, len(settled))
 		}
 		again := st.do(s, env(i))
 		if !again.equal(first) {
 			t.Fatalf("step %d (%s) after a revert answered\n%v %q\nwant\n%v %q", i, st.name, again.msgs, again.err, first.msgs, first.err)
 		}
+		if pending != nil && pending.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING && !slices.Contains(s.Settled(), pending) {
+			t.Fatalf("step %d (%s): terminal retry %s is not settled for the store to release", i, st.name, pending.ID)
+		}
 		s.Commit()
-		if pending != nil && pending.Status != retrydv1.RetryStatus_RETRY_STATUS_PENDING && !closed(pending.Done()) {
-			t.Fatalf("step %d (%s): Commit did not release the awaiters of terminal retry %s", i, st.name, pending.ID)
+		if settled := s.Settled(); len(settled) != 0 {
+			t.Fatalf("step %d (%s): %d retries still settled after Commit", i, st.name, len(settled))
 		}
 	}
 }

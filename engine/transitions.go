@@ -25,8 +25,8 @@ type StartOutcome struct {
 }
 
 // Start records that r's backoff ended with an awaiter present. It records
-// nothing unless r is pending: Started happens once. r's awaiters are
-// released by the store's next Commit.
+// nothing unless r is pending: Started happens once. r is Settled until
+// the store's next Commit.
 //
 // With fl, the fleet protection of r's provider as the store read it, the
 // retry starts only if fleet.StartDue lets it: a circuit opened since it
@@ -80,8 +80,8 @@ type CancelOutcome struct {
 }
 
 // Cancel cancels a pending retry and closes its chain. Cancelling a terminal
-// retry is a no-op that records nothing. r's awaiters are released by the
-// store's next Commit.
+// retry is a no-op that records nothing. r is Settled until the store's
+// next Commit.
 //
 // With fl, the fleet state r's key names (Retry.FleetKey) as the store read
 // it, a retry fleet protection queued leaves the queue in the same

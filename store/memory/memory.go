@@ -113,6 +113,10 @@ type Store struct {
 type shard struct {
 	mu       sync.Mutex
 	sessions table[engine.Session] // by id
+	// done holds a channel per retry of the shard that a stream awaits,
+	// closed and dropped once the retry's end is committed (release): a
+	// retry nobody awaits never has one.
+	done map[*engine.Retry]chan struct{}
 }
 
 type indexShard struct {
@@ -204,7 +208,7 @@ func (s *Store) commit(changes ...change) error {
 	if s.cfg.Persist == nil {
 		for _, c := range changes {
 			s.log.append(c.events...)
-			c.sess.Commit()
+			s.release(c.sess)
 		}
 		return nil
 	}
@@ -231,9 +235,39 @@ func (s *Store) commit(changes ...change) error {
 	}
 	s.log.resolve(res, true)
 	for _, c := range changes {
-		c.sess.Commit()
+		s.release(c.sess)
 	}
 	return nil
+}
+
+// release commits a session's transitions (engine.Session.Commit) and
+// wakes the streams that await the retries they ended; the session's
+// shard lock is held.
+func (s *Store) release(sess *engine.Session) {
+	if settled := sess.Settled(); len(settled) > 0 {
+		sh, _ := s.shardOf(sess.ID)
+		for _, r := range settled {
+			if ch, ok := sh.done[r]; ok {
+				close(ch)
+				delete(sh.done, r)
+			}
+		}
+	}
+	sess.Commit()
+}
+
+// doneOf returns the channel closed once r's end is committed; the shard
+// lock is held and r is pending.
+func (sh *shard) doneOf(r *engine.Retry) <-chan struct{} {
+	ch, ok := sh.done[r]
+	if !ok {
+		if sh.done == nil {
+			sh.done = map[*engine.Retry]chan struct{}{}
+		}
+		ch = make(chan struct{})
+		sh.done[r] = ch
+	}
+	return ch
 }
 
 func (s *Store) env() engine.Env {

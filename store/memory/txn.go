@@ -167,8 +167,8 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 // Await implements store.Backend: an awaiter is counted in the retry's
-// Awaiters and released by its Done channel, both under the session's
-// shard lock.
+// Awaiters and released by its shard's channel for the retry (doneOf,
+// release), both under the session's shard lock.
 func (s *Store) Await(sessionID, retryID string) await.Store {
 	return &awaitStore{s: s, sessionID: sessionID, retryID: retryID}
 }
@@ -213,7 +213,7 @@ func (a *awaitStore) Attach(context.Context) (await.Awaiter, await.View, error) 
 	r.Awaiters++
 	s.awaiters.Add(1)
 	// done is made under the lock; received from without it.
-	return &awaiter{s: s, sh: sh, r: r, done: r.Done()}, view(r), nil
+	return &awaiter{s: s, sh: sh, r: r, done: sh.doneOf(r)}, view(r), nil
 }
 
 // awaiter is one stream counted in its retry's Awaiters.

@@ -148,3 +148,40 @@ func cpuTime(b *testing.B) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkFailedStepStorm measures the decision a provider outage asks
+// for most, in process: each op is a new session's first failure (the
+// default policy schedules retry 1), and nothing is cancelled, so the
+// store holds every session until it expires, as in retryd-bench's
+// --storm. allocs/op is the schedule path's allocations per FailedStep
+// (docs/benchmarks.md names what each is for).
+//
+//	go test -run '^$' -bench FailedStepStorm -benchmem ./service/
+func BenchmarkFailedStepStorm(b *testing.B) {
+	store := memory.New(memory.Config{})
+	defer store.Close()
+	svc, err := service.New(store, service.WithMeterProvider(
+		sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	failure := &retrydv1.Failure{Code: "SERVER", HttpStatus: 503}
+	ids := make([]string, 0, 1<<20)
+	b.ReportAllocs()
+	n := 0
+	for ; b.Loop(); n++ {
+		if n == len(ids) {
+			b.StopTimer()
+			for i := range 4096 {
+				ids = append(ids, "storm-"+strconv.Itoa(n+i))
+			}
+			b.StartTimer()
+		}
+		resp, err := svc.FailedStep(ctx, &retrydv1.FailedStepRequest{SessionId: ids[n], Turn: 1, Step: 1,
+			Provider: "deepseek", Failure: failure})
+		if err != nil || resp.GetDecision().GetSchedule() == nil {
+			b.Fatalf("FailedStep: %v %v, want scheduled", resp.GetDecision(), err)
+		}
+	}
+}

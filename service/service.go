@@ -359,6 +359,9 @@ func (s *Service) WatchEvents(req *retrydv1.WatchEventsRequest, stream retrydv1.
 // tenant-qualified id. Other errors, and nil, are returned as they are
 // (nothing is built on success).
 func notFound(err error, what, id string) error {
+	if err == nil {
+		return nil
+	}
 	var ee *engine.Error
 	if errors.As(err, &ee) && ee.Kind == engine.KindNotFound {
 		return &engine.Error{Kind: engine.KindNotFound, Message: what + id}

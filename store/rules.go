@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/retryd/retryd/engine"
@@ -28,20 +29,38 @@ func (s *Store) Close() error { return s.b.Close() }
 // FailedStep decides a validated failure (Fail) in a transaction of its
 // session.
 func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {
-	var out engine.FailOutcome
 	var key string
 	if f.Fleet != nil {
 		key = f.Fleet.Key
 	}
-	err := s.b.Update(ctx, f.Request.GetSessionId(), key, func(t Txn) error {
-		var err error
-		out, err = Fail(t, f)
-		return err
-	})
-	if err != nil {
+	op := failOps.Get().(*failOp)
+	op.f = f
+	if err := s.b.Update(ctx, f.Request.GetSessionId(), key, op); err != nil {
+		// Not pooled again: the backend may still apply it (see Update).
 		return engine.FailOutcome{}, err
 	}
+	out := op.out
+	*op = failOp{}
+	failOps.Put(op)
 	return out, nil
+}
+
+// failOp is FailedStep's transition, pooled: the storm of first failures a
+// provider outage brings is this call, and it allocates nothing for its
+// transition. An op goes back to the pool only once Update said it is
+// done with.
+type failOp struct {
+	f   engine.Failure
+	out engine.FailOutcome
+}
+
+var failOps = sync.Pool{New: func() any { return new(failOp) }}
+
+// Apply implements Transition.
+func (op *failOp) Apply(t Txn) error {
+	var err error
+	op.out, err = Fail(t, op.f)
+	return err
 }
 
 // Fail is FailedStep's rule: engine.Session.Fail on the session, created
@@ -83,81 +102,107 @@ func (s *Store) AwaitRetry(ctx context.Context, sessionID, retryID string, send 
 	return await.Retry(ctx, s.b.Await(sessionID, retryID), s.b.Now, send)
 }
 
+// The rules below answer with a response their transition fills: each
+// transition is a value that holds its response, one allocation for both.
+
 // CancelRetry cancels one pending retry of a located retry's session; a
 // terminal one is reported as it is.
 func (s *Store) CancelRetry(ctx context.Context, sessionID, retryID string) (*retrydv1.CancelRetriesResponse, error) {
-	var state *retrydv1.RetryState
-	err := s.b.Update(ctx, sessionID, "", func(t Txn) error {
-		sess := t.Session()
-		var r *engine.Retry
-		if sess != nil {
-			r = sess.Retry(retryID)
-		}
-		if r == nil {
-			return notFound("no retry " + retryID)
-		}
-		out := sess.Cancel(t.Env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, fleetOf(t, r))
-		if len(out.Events) > 0 {
-			t.Record(out.Events...)
-			save(t, out.Fleet)
-		}
-		state = r.State()
-		return nil
-	})
-	if err != nil {
+	op := &cancelRetry{retryID: retryID}
+	if err := s.b.Update(ctx, sessionID, "", op); err != nil {
 		return nil, err
 	}
-	return &retrydv1.CancelRetriesResponse{Retries: []*retrydv1.RetryState{state}}, nil
+	op.resp.Retries = op.states[:]
+	return &op.resp, nil
+}
+
+type cancelRetry struct {
+	retryID string
+	resp    retrydv1.CancelRetriesResponse
+	states  [1]*retrydv1.RetryState
+}
+
+// Apply implements Transition.
+func (op *cancelRetry) Apply(t Txn) error {
+	sess := t.Session()
+	var r *engine.Retry
+	if sess != nil {
+		r = sess.Retry(op.retryID)
+	}
+	if r == nil {
+		return notFound("no retry " + op.retryID)
+	}
+	out := sess.Cancel(t.Env(), r, retrydv1.CancelReason_CANCEL_REASON_REQUESTED, fleetOf(t, r))
+	if len(out.Events) > 0 {
+		t.Record(out.Events...)
+		save(t, out.Fleet)
+	}
+	op.states[0] = r.State()
+	return nil
 }
 
 // CancelSession cancels a session's pending retry and open delegation.
 func (s *Store) CancelSession(ctx context.Context, sessionID string) (*retrydv1.CancelRetriesResponse, error) {
-	resp := &retrydv1.CancelRetriesResponse{}
-	err := s.b.Update(ctx, sessionID, "", func(t Txn) error {
-		sess := t.Session()
-		if sess == nil {
-			return notFound("no session " + sessionID)
-		}
-		var fl *engine.Fleet
-		if r := sess.Pending(); r != nil {
-			fl = fleetOf(t, r)
-		}
-		out := sess.CancelAll(t.Env(), fl)
-		t.Record(out.Events...)
-		save(t, out.Fleet)
-		resp.Retries, resp.DelegationsCancelled = out.States, 0
-		if out.Delegation {
-			resp.DelegationsCancelled = 1
-		}
-		return nil
-	})
-	if err != nil {
+	op := &cancelSession{sessionID: sessionID}
+	if err := s.b.Update(ctx, sessionID, "", op); err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return &op.resp, nil
+}
+
+type cancelSession struct {
+	sessionID string
+	resp      retrydv1.CancelRetriesResponse
+}
+
+// Apply implements Transition.
+func (op *cancelSession) Apply(t Txn) error {
+	sess := t.Session()
+	if sess == nil {
+		return notFound("no session " + op.sessionID)
+	}
+	var fl *engine.Fleet
+	if r := sess.Pending(); r != nil {
+		fl = fleetOf(t, r)
+	}
+	out := sess.CancelAll(t.Env(), fl)
+	t.Record(out.Events...)
+	save(t, out.Fleet)
+	op.resp.Retries, op.resp.DelegationsCancelled = out.States, 0
+	if out.Delegation {
+		op.resp.DelegationsCancelled = 1
+	}
+	return nil
 }
 
 // StepSucceeded closes a session's open chains. A success on a session
 // retryd has never seen records nothing: there is no chain to close.
 func (s *Store) StepSucceeded(ctx context.Context, req *retrydv1.StepSucceededRequest) (*retrydv1.StepSucceededResponse, error) {
-	resp := &retrydv1.StepSucceededResponse{}
-	err := s.b.Update(ctx, req.GetSessionId(), "", func(t Txn) error {
-		sess := t.Session()
-		if sess == nil {
-			return nil
-		}
-		closed, evs, err := sess.Succeed(t.Env(), req.GetTurn(), req.GetStep())
-		if err != nil {
-			return err
-		}
-		t.Record(evs...) // even without events the latest position moved
-		resp.Closed = closed
-		return nil
-	})
-	if err != nil {
+	op := &stepSucceeded{req: req}
+	if err := s.b.Update(ctx, req.GetSessionId(), "", op); err != nil {
 		return nil, err
 	}
-	return resp, nil
+	return &op.resp, nil
+}
+
+type stepSucceeded struct {
+	req  *retrydv1.StepSucceededRequest
+	resp retrydv1.StepSucceededResponse
+}
+
+// Apply implements Transition.
+func (op *stepSucceeded) Apply(t Txn) error {
+	sess := t.Session()
+	if sess == nil {
+		return nil
+	}
+	closed, evs, err := sess.Succeed(t.Env(), op.req.GetTurn(), op.req.GetStep())
+	if err != nil {
+		return err
+	}
+	t.Record(evs...) // even without events the latest position moved
+	op.resp.Closed = closed
+	return nil
 }
 
 // GetChains snapshots a session.

@@ -109,12 +109,17 @@ type Stats struct {
 
 // Backend is what a place to keep state provides.
 type Backend interface {
-	// Update runs fn on session sessionID in one transaction and commits
-	// what fn recorded in it (Txn) atomically: the session, its events,
-	// the fleet states it saved. An error of fn is returned as it is, and
-	// nothing of fn is committed then. fleetKey, when not empty, names a
-	// fleet state fn will read (a backend may read it with the session).
-	Update(ctx context.Context, sessionID, fleetKey string, fn func(Txn) error) error
+	// Update applies tr to session sessionID in one transaction and
+	// commits what it recorded in it (Txn) atomically: the session, its
+	// events, the fleet states it saved. An error of tr is returned as it
+	// is, and nothing of tr is committed then. fleetKey, when not empty,
+	// names a fleet state tr will read (a backend may read it with the
+	// session). The Txn is valid only until tr returns. A backend may apply
+	// tr more than once (a transaction that lost a race is decided again)
+	// and, when it answers at its bound before its commit ended (Redis's
+	// unavailable_after), even after Update returned an error: only a nil
+	// error says tr is done with.
+	Update(ctx context.Context, sessionID, fleetKey string, tr Transition) error
 	// Read runs fn on the session as committed, nil when there is none.
 	// fn must not change it.
 	Read(ctx context.Context, sessionID string, fn func(*engine.Session) error) error
@@ -144,6 +149,20 @@ type Backend interface {
 	// Close ends every stream and stops the backend's goroutines.
 	Close() error
 }
+
+// Transition is a rule's change of one session, applied in a Backend's
+// transaction. An interface rather than a func, so that the rule of the
+// hottest call (FailedStep) can pass a pooled value and allocate nothing
+// for it: a closure handed to a Backend escapes.
+type Transition interface {
+	Apply(t Txn) error
+}
+
+// TransitionFunc is a Transition written as a function.
+type TransitionFunc func(Txn) error
+
+// Apply implements Transition.
+func (f TransitionFunc) Apply(t Txn) error { return f(t) }
 
 // Txn is one session's transaction, as a Backend's Update hands it to a
 // rule.

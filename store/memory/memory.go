@@ -117,6 +117,8 @@ type shard struct {
 	// closed and dropped once the retry's end is committed (release): a
 	// retry nobody awaits never has one.
 	done map[*engine.Retry]chan struct{}
+	// txn is the shard's transaction (see begin).
+	txn txn
 }
 
 type indexShard struct {

@@ -31,8 +31,12 @@ type txn struct {
 	fleets    fleetLocks // see fleet.go
 }
 
-func (s *Store) begin(id string, sess *engine.Session) *txn {
-	t := &txn{s: s, id: id, env: s.env(), sess: sess}
+// begin starts a transaction of session id (nil when there is none) in
+// shard sh, whose lock is held: the shard's one transaction, reused, since
+// the lock allows no other.
+func (s *Store) begin(sh *shard, id string, sess *engine.Session) *txn {
+	t := &sh.txn
+	*t = txn{s: s, id: id, env: s.env(), sess: sess}
 	if sess != nil {
 		t.cp, t.pending = s.checkpoint(sess), sess.Pending()
 	}
@@ -52,9 +56,14 @@ func (t *txn) Create() *engine.Session {
 	return t.sess
 }
 
-// Record implements store.Txn.
+// Record implements store.Txn. The events of a transaction that records
+// once are the rule's own slice (capped, so a later Record copies it).
 func (t *txn) Record(evs ...*retrydv1.Event) {
 	t.changed = true
+	if t.events == nil {
+		t.events = evs[:len(evs):len(evs)]
+		return
+	}
 	t.events = append(t.events, evs...)
 }
 
@@ -62,12 +71,12 @@ func (t *txn) Record(evs ...*retrydv1.Event) {
 func (t *txn) Forget(rs []*engine.Retry) { t.forgotten = append(t.forgotten, rs...) }
 
 // Update implements store.Backend.
-func (s *Store) Update(_ context.Context, id, _ string, fn func(store.Txn) error) error {
+func (s *Store) Update(_ context.Context, id, _ string, tr store.Transition) error {
 	sh, h := s.shardOf(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	t := s.begin(id, sh.sessions.get(h, id))
-	err := fn(t)
+	t := s.begin(sh, id, sh.sessions.get(h, id))
+	err := tr.Apply(t)
 	t.fleets.unlock()
 	if err != nil {
 		return err
@@ -135,7 +144,7 @@ func (s *Store) tick(r *engine.Retry) error {
 	sh, h := s.shardOf(r.SessionID)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	t := s.begin(r.SessionID, sh.sessions.get(h, r.SessionID))
+	t := s.begin(sh, r.SessionID, sh.sessions.get(h, r.SessionID))
 	if t.sess == nil || t.sess.Pending() != r {
 		return nil
 	}

@@ -18,8 +18,8 @@ import (
 // is found by the id that names its session or by the retry index.
 
 // Update implements store.Backend.
-func (s *Store) Update(ctx context.Context, id, fleetKey string, fn func(store.Txn) error) error {
-	return s.updateWithFleet(ctx, id, fleetKey, func(t *txn) error { return fn(t) })
+func (s *Store) Update(ctx context.Context, id, fleetKey string, tr store.Transition) error {
+	return s.updateWithFleet(ctx, id, fleetKey, func(t *txn) error { return tr.Apply(t) })
 }
 
 // Read implements store.Backend.

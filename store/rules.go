@@ -20,12 +20,6 @@ type Store struct {
 // New returns the rules over b.
 func New(b Backend) *Store { return &Store{b: b} }
 
-// Backend returns the backend the rules run over.
-func (s *Store) Backend() Backend { return s.b }
-
-// Close closes the backend.
-func (s *Store) Close() error { return s.b.Close() }
-
 // FailedStep decides a validated failure (Fail) in a transaction of its
 // session.
 func (s *Store) FailedStep(ctx context.Context, f engine.Failure) (engine.FailOutcome, error) {

@@ -22,7 +22,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -84,8 +83,9 @@ type Config struct {
 	// how much of it is the pointers the collector must follow.
 	EchoHold int
 	// ProfileDir, when set, starts retryd with --pprof and bench/echo with
-	// --pprof, and after the measured phases runs one unmeasured phase per
-	// target and mode while collecting its CPU and heap profiles into this
+	// --pprof, and after the measured phases runs one unmeasured phase of
+	// Duration per target and mode (RunStorm: per target and scenario)
+	// while collecting its CPU, allocation and heap profiles into this
 	// directory (see profileTarget).
 	ProfileDir string
 	// RedisPeer adds the Redis part (redispeer.go): a redis-server of the
@@ -211,23 +211,12 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 		cfg.RedisPeer = true
 	}
-	dir, err := os.MkdirTemp("", "retryd-bench-")
+	bins, err := buildServers(ctx, cfg.Root, "retryd-bench-", logw)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	fmt.Fprintln(logw, "building retryd and bench/echo")
-	retrydBin, err := build(ctx, cfg.Root, dir, "retryd", "./cmd/retryd", "")
-	if err != nil {
-		return nil, err
-	}
-	echoBin, err := build(ctx, cfg.Root, dir, "echo", "./bench/echo", "")
-	if err != nil {
-		return nil, err
-	}
-	// OTEL_TRACES_EXPORTER=none keeps retryd's tracing a no-op even when
-	// the caller's environment configures an exporter.
-	noTrace := []string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}
+	defer bins.remove()
+	dir, retrydBin, echoBin := bins.dir, bins.retryd, bins.echo
 	var targets []*target
 	var rs *redisServer
 	defer func() {
@@ -252,12 +241,9 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	// echo's metrics listener serves only its runtime counters (no
 	// interceptor), read between phases as retryd's are.
 	echoArgs := []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}
-	mainArgs := retrydArgs
-	if cfg.ProfileDir != "" {
-		mainArgs = append(slices.Clone(retrydArgs), "--pprof")
-		echoArgs = append(echoArgs, "--pprof")
-	}
-	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, append(slices.Clone(noTrace), cfg.RetrydEnv...))
+	mainArgs := append(slices.Clone(retrydArgs), cfg.pprofArgs()...)
+	echoArgs = append(echoArgs, cfg.pprofArgs()...)
+	p, err := startServing(ctx, "retryd", retrydBin, mainArgs, noTraceEnv(cfg.RetrydEnv...))
 	if err != nil {
 		return nil, err
 	}
@@ -268,7 +254,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		p, err := startServing(ctx, "retryd@base", baseBin, retrydArgs, noTrace)
+		p, err := startServing(ctx, "retryd@base", baseBin, retrydArgs, noTraceEnv())
 		if err != nil {
 			return nil, err
 		}
@@ -299,7 +285,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		fmt.Fprintln(logw, "redis-server on", rs.addr, "pid", rs.proc.cmd.Process.Pid)
 		args := slices.Clone(mainArgs) // with --pprof under --profile
 		args[slices.Index(args, "--store")+1] = "redis://" + rs.addr + "/0"
-		p, err := startServing(ctx, retrydRedisName, retrydBin, args, append(slices.Clone(noTrace), cfg.RetrydEnv...))
+		p, err := startServing(ctx, retrydRedisName, retrydBin, args, noTraceEnv(cfg.RetrydEnv...))
 		if err != nil {
 			return nil, err
 		}
@@ -308,7 +294,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	var rl *target
 	if cfg.RatelimitBin != "" {
-		p, err := startRatelimit(ctx, cfg.RatelimitBin, dir, rs.addr, noTrace)
+		p, err := startRatelimit(ctx, cfg.RatelimitBin, dir, rs.addr, noTraceEnv())
 		if err != nil {
 			return nil, err
 		}
@@ -318,7 +304,7 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 	}
 	if cfg.Gubernator {
 		fmt.Fprintln(logw, "building gubernator v2.13.0 from tools/gubernator")
-		p, err := startGubernator(ctx, cfg.Root, dir, noTrace)
+		p, err := startGubernator(ctx, cfg.Root, dir, noTraceEnv())
 		if err != nil {
 			return nil, err
 		}
@@ -389,21 +375,15 @@ func Run(ctx context.Context, cfg Config) ([]Result, error) {
 		}
 	}
 	if cfg.ProfileDir != "" {
-		if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
-			return results, err
-		}
 		for _, rate := range modes {
+			var ts []*target
 			for _, t := range targets {
-				if t.peer || t.saturationOnly && rate > 0 {
-					continue
+				if !t.peer && (!t.saturationOnly || rate == 0) {
+					ts = append(ts, t)
 				}
-				files, err := profileTarget(ctx, t, cfg, rate, cfg.ProfileDir)
-				if err != nil {
-					return results, err
-				}
-				if len(files) > 0 {
-					fmt.Fprintf(logw, "%-10s profiles: %s\n", t.name, strings.Join(files, " "))
-				}
+			}
+			if err := profileTargets(ctx, ts, cfg, profileLoad{label: modeLabel(rate), rate: rate, workers: cfg.Workers, keySpace: cfg.KeySpace}, logw); err != nil {
+				return results, err
 			}
 		}
 	}
@@ -419,6 +399,57 @@ func appendDone(results []Result, byTarget []*Result) []Result {
 		}
 	}
 	return results
+}
+
+// servers are retryd and bench/echo, built into a scratch directory of
+// their own (dir, where a run may also write files its servers read).
+type servers struct{ dir, retryd, echo string }
+
+// buildServers makes the scratch directory (named after pattern, see
+// os.MkdirTemp) and builds retryd (./cmd/retryd of root) and bench/echo
+// into it. The caller removes it with remove.
+func buildServers(ctx context.Context, root, pattern string, logw io.Writer) (*servers, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return nil, err
+	}
+	s := &servers{dir: dir}
+	fmt.Fprintln(logw, "building retryd and bench/echo")
+	if s.retryd, err = build(ctx, root, dir, "retryd", "./cmd/retryd", ""); err != nil {
+		s.remove()
+		return nil, err
+	}
+	if s.echo, err = build(ctx, root, dir, "echo", "./bench/echo", ""); err != nil {
+		s.remove()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *servers) remove() { os.RemoveAll(s.dir) }
+
+// noTraceEnv is the environment that keeps a server's tracing and OTLP
+// export a no-op even when the caller's environment configures an
+// exporter, followed by extra.
+func noTraceEnv(extra ...string) []string {
+	return append([]string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}, extra...)
+}
+
+// pprofArgs are the flags that make retryd and bench/echo serve
+// net/http/pprof on their metrics listener, when the run profiles.
+func (cfg Config) pprofArgs() []string {
+	if cfg.ProfileDir == "" {
+		return nil
+	}
+	return []string{"--pprof"}
+}
+
+// modeLabel names an A/B mode: "saturation" (rate 0) or "<rate> rps".
+func modeLabel(rate int) string {
+	if rate > 0 {
+		return fmt.Sprintf("%d rps", rate)
+	}
+	return "saturation"
 }
 
 // waitReady retries one call until t answers (gubernator joins its own
@@ -478,10 +509,7 @@ func startGubernator(ctx context.Context, root, dir string, env []string) (*proc
 // runPhase runs one target in one mode: warm-up, then the measured
 // duration.
 func runPhase(ctx context.Context, t *target, cfg Config, rate, round int, prefix string) (Result, error) {
-	mode := "saturation"
-	if rate > 0 {
-		mode = fmt.Sprintf("%d rps", rate)
-	}
+	mode := modeLabel(rate)
 	if t.peer {
 		return runPeerPhase(ctx, t, cfg, round, "peer:"+prefix)
 	}

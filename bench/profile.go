@@ -13,30 +13,56 @@ import (
 	"time"
 )
 
-// profileTarget runs one more phase against t in a mode (rate 0:
-// saturation), after the measured ones and not part of the table, and
-// collects the server's CPU profile over it and a heap profile (after a
-// GC) at its end, through the server's net/http/pprof (retryd
-// and bench/echo --metrics-listen … --pprof). It writes
-// <dir>/<name>.<mode>.cpu.pprof, .heap.pprof and .top.txt (the share of
-// each category of work, see breakdown, then go tool pprof -top, flat and
-// cumulative) and returns their paths. A target without a
-// profile endpoint (gubernator, a retryd@base that predates --pprof) is
-// skipped.
-func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir string) ([]string, error) {
+// profileLoad is the load of a profiling phase: rate calls per second
+// (0: saturation) from workers callers over a key space of keySpace (for
+// the storm's callers: the calls of a phase, unused). label names the
+// phase's files, <target>.<label>.*.
+type profileLoad struct {
+	label                   string
+	rate, workers, keySpace int
+}
+
+// profileTargets profiles each of ts under l (profileTarget) into
+// cfg.ProfileDir, and logs the files it wrote.
+func profileTargets(ctx context.Context, ts []*target, cfg Config, l profileLoad, logw io.Writer) error {
+	if err := os.MkdirAll(cfg.ProfileDir, 0o755); err != nil {
+		return err
+	}
+	for _, t := range ts {
+		files, err := profileTarget(ctx, t, cfg, l, cfg.ProfileDir)
+		if err != nil {
+			return err
+		}
+		if len(files) > 0 {
+			fmt.Fprintf(logw, "%-10s profiles: %s\n", t.name, strings.Join(files, " "))
+		}
+	}
+	return nil
+}
+
+// profileTarget runs one more phase against t under l, after the
+// measured ones and not part of the table, for cfg.Duration after
+// cfg.Warmup, and collects over it the server's CPU profile and its
+// allocations (a delta of the allocs profile over the same seconds), then
+// a heap profile (after a GC) at its end, through the server's
+// net/http/pprof (retryd and bench/echo --metrics-listen … --pprof). It
+// writes <dir>/<name>.<label>.cpu.pprof, .allocs.pprof, .heap.pprof,
+// .trace and .top.txt (the share of each category of work, see
+// breakdown, then go tool pprof -top, flat and cumulative, the
+// allocation sites by objects and by bytes, and the scheduler latency)
+// and returns their paths. A target without a profile endpoint
+// (gubernator, a retryd@base that predates --pprof) is skipped.
+func profileTarget(ctx context.Context, t *target, cfg Config, l profileLoad, dir string) ([]string, error) {
 	if t.proc.metricsAddr == "" {
 		return nil, nil
 	}
-	mode := "saturation"
-	if rate > 0 {
-		mode = fmt.Sprintf("%drps", rate)
-	}
-	name := strings.ReplaceAll(t.name, " ", "-") + "." + mode
+	rate := l.rate
+	name := strings.ReplaceAll(t.name, " ", "-") + "." + strings.ReplaceAll(l.label, " ", "")
 	secs := max(int(cfg.Duration.Round(time.Second)/time.Second), 1)
-	callers := make([]caller, cfg.Workers)
+	callers := make([]caller, l.workers)
 	for i := range callers {
 		rng := rand.New(rand.NewPCG(uint64(cfg.Rounds+1), uint64(i)))
-		callers[i] = t.new(t.conns[i%len(t.conns)], i, cfg.Workers, cfg.KeySpace, rng, "prof-"+mode+"-")
+		callers[i] = t.new(t.conns[i%len(t.conns)], i, l.workers, l.keySpace, rng, "prof-"+name+"-")
 	}
 	if cfg.Warmup > 0 {
 		if _, err := drive(ctx, callers, cfg.Warmup, rate, 0); err != nil {
@@ -48,7 +74,10 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 		return nil, nil // a retryd@base without --pprof
 	}
 	cpuFile := filepath.Join(dir, name+".cpu.pprof")
-	st, err := fetchUnderLoad(ctx, fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile, callers, secs, rate)
+	allocsFile := filepath.Join(dir, name+".allocs.pprof")
+	st, err := fetchUnderLoad(ctx, callers, secs, rate,
+		download{fmt.Sprintf("%sprofile?seconds=%d", base, secs), cpuFile},
+		download{fmt.Sprintf("%sallocs?seconds=%d", base, secs), allocsFile})
 	if err != nil {
 		return nil, fmt.Errorf("profiling %s: %w", t.name, err)
 	}
@@ -56,7 +85,7 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 	// CPU profile so that tracing's own cost stays out of it.
 	traceFile := filepath.Join(dir, name+".trace")
 	traceSecs := min(secs, 3)
-	tst, err := fetchUnderLoad(ctx, fmt.Sprintf("%strace?seconds=%d", base, traceSecs), traceFile, callers, traceSecs, rate)
+	tst, err := fetchUnderLoad(ctx, callers, traceSecs, rate, download{fmt.Sprintf("%strace?seconds=%d", base, traceSecs), traceFile})
 	if err != nil {
 		return nil, fmt.Errorf("tracing %s: %w", t.name, err)
 	}
@@ -67,7 +96,7 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 	topFile := filepath.Join(dir, name+".top.txt")
 	var top strings.Builder
 	fmt.Fprintf(&top, "%s: CPU profile of %d s of %s load (%d calls, %.0f rps); server CPU per call is in the results table\n\n",
-		t.name, secs, mode, st.calls, float64(st.calls)/st.elapsed.Seconds())
+		t.name, secs, l.label, st.calls, float64(st.calls)/st.elapsed.Seconds())
 	shares, total, err := breakdown(ctx, cpuFile)
 	if err != nil {
 		return nil, err
@@ -80,13 +109,25 @@ func profileTarget(ctx context.Context, t *target, cfg Config, rate int, dir str
 		}
 		fmt.Fprintf(&top, "$ go tool pprof %s %s\n%s\n", strings.Join(args, " "), filepath.Base(cpuFile), out)
 	}
+	// The allocs profile covers secs of the load, which ran a little
+	// longer: its calls are the load's rate times secs.
+	windowCalls := float64(st.calls) / st.elapsed.Seconds() * float64(secs)
+	fmt.Fprintf(&top, "Allocations over the same %d s (a delta of the allocs profile, sampled every 512 KiB and scaled): about %.0f calls, so divide by %.0f for a figure per call.\n\n",
+		secs, windowCalls, windowCalls)
+	for _, args := range [][]string{{"-sample_index=alloc_objects", "-top", "-nodecount=40"}, {"-sample_index=alloc_space", "-top", "-nodecount=25"}} {
+		out, err := exec.CommandContext(ctx, "go", append(append([]string{"tool", "pprof"}, args...), allocsFile)...).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("go tool pprof %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		fmt.Fprintf(&top, "$ go tool pprof %s %s\n%s\n", strings.Join(args, " "), filepath.Base(allocsFile), out)
+	}
 	if err := writeSchedLatency(ctx, &top, traceFile, tst.calls, traceSecs); err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(topFile, []byte(top.String()), 0o644); err != nil {
 		return nil, err
 	}
-	return []string{cpuFile, heapFile, traceFile, topFile}, nil
+	return []string{cpuFile, allocsFile, heapFile, traceFile, topFile}, nil
 }
 
 // writeSchedLatency writes where the goroutines of the traced window
@@ -112,16 +153,23 @@ func writeSchedLatency(ctx context.Context, w io.Writer, traceFile string, calls
 	return nil
 }
 
-// fetchUnderLoad GETs url into file while callers run the load of rate
-// (0: saturation) for a little longer than the secs the server takes to
-// answer, so that what it collects covers load only. A call that failed
-// is an error.
-func fetchUnderLoad(ctx context.Context, url, file string, callers []caller, secs, rate int) (stats, error) {
-	got := make(chan error, 1)
-	go func() { got <- fetch(ctx, url, file) }()
+// download is a URL to GET into a file.
+type download struct{ url, file string }
+
+// fetchUnderLoad GETs each download, all at once, while callers run the
+// load of rate (0: saturation) for a little longer than the secs the
+// server takes to answer, so that what it collects covers load only. A
+// call that failed is an error.
+func fetchUnderLoad(ctx context.Context, callers []caller, secs, rate int, ds ...download) (stats, error) {
+	got := make(chan error, len(ds))
+	for _, d := range ds {
+		go func() { got <- fetch(ctx, d.url, d.file) }()
+	}
 	st, err := drive(ctx, callers, time.Duration(secs)*time.Second+300*time.Millisecond, rate, 0)
-	if ferr := <-got; err == nil {
-		err = ferr
+	for range ds {
+		if ferr := <-got; err == nil {
+			err = ferr
+		}
 	}
 	if err == nil && st.errors > 0 {
 		err = fmt.Errorf("%d errors, first: %s", st.errors, st.firstError)

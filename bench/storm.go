@@ -161,22 +161,16 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 	if !sc.Memory && sc.Herd == 0 && !sc.Redis {
 		return nil, fmt.Errorf("bench: no storm scenario chosen")
 	}
-	dir, err := os.MkdirTemp("", "retryd-storm-")
+	bins, err := buildServers(ctx, cfg.Root, "retryd-storm-", logw)
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(dir)
-	fmt.Fprintln(logw, "building retryd and bench/echo")
-	retrydBin, err := build(ctx, cfg.Root, dir, "retryd", "./cmd/retryd", "")
-	if err != nil {
-		return nil, err
-	}
-	echoBin, err := build(ctx, cfg.Root, dir, "echo", "./bench/echo", "")
-	if err != nil {
-		return nil, err
-	}
-	noTrace := []string{"OTEL_TRACES_EXPORTER=none", "OTEL_METRICS_EXPORTER=none", "OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="}
-	retrydEnv := append(append(slices.Clone(noTrace), gcTrace), cfg.RetrydEnv...)
+	defer bins.remove()
+	dir, retrydBin, echoBin := bins.dir, bins.retryd, bins.echo
+	retrydEnv := noTraceEnv(append([]string{gcTrace}, cfg.RetrydEnv...)...)
+	// With --profile, retryd and the echo serve net/http/pprof beside
+	// their /metrics (ratelimit serves neither: it is not profiled).
+	retrydArgs := append(slices.Clone(stormRetrydArgs), cfg.pprofArgs()...)
 	var procs []*process
 	var rs *redisServer
 	var all []*target
@@ -203,13 +197,13 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 		all = append(all, t)
 		return t, nil
 	}
-	echo, err := serve(echoName, echoBin, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, []string{gcTrace}, newEchoCaller)
+	echo, err := serve(echoName, echoBin, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, cfg.pprofArgs()...), []string{gcTrace}, newEchoCaller)
 	if err != nil {
 		return nil, err
 	}
 	var cases []stormCase
 	if sc.Memory {
-		t, err := serve("retryd", retrydBin, append(slices.Clone(stormRetrydArgs), "--store", "memory"), retrydEnv,
+		t, err := serve("retryd", retrydBin, append(slices.Clone(retrydArgs), "--store", "memory"), retrydEnv,
 			newStormCaller("deepseek", &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}))
 		if err != nil {
 			return nil, err
@@ -221,7 +215,7 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 		if err := os.WriteFile(policy, []byte(herdPolicy), 0o644); err != nil {
 			return nil, err
 		}
-		t, err := serve("retryd", retrydBin, append(slices.Clone(stormRetrydArgs), "--store", "memory", "--config", policy), retrydEnv,
+		t, err := serve("retryd", retrydBin, append(slices.Clone(retrydArgs), "--store", "memory", "--config", policy), retrydEnv,
 			newStormCaller(herdProvider, &retrydv1.Failure{Code: "SERVER", HttpStatus: 503}))
 		if err != nil {
 			return nil, err
@@ -233,7 +227,7 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 			return nil, err
 		}
 		fmt.Fprintln(logw, "redis-server on", rs.addr, "pid", rs.proc.cmd.Process.Pid)
-		t, err := serve(retrydRedisName, retrydBin, append(slices.Clone(stormRetrydArgs), "--store", "redis://"+rs.addr+"/0"), retrydEnv,
+		t, err := serve(retrydRedisName, retrydBin, append(slices.Clone(retrydArgs), "--store", "redis://"+rs.addr+"/0"), retrydEnv,
 			newStormCaller("deepseek", &retrydv1.Failure{Code: "RATE_LIMIT", HttpStatus: 429}))
 		if err != nil {
 			return nil, err
@@ -241,7 +235,7 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 		t.redis = rs
 		c := stormCase{name: redisStormScenario, calls: sc.Calls, targets: []*target{t}}
 		if cfg.RatelimitBin != "" {
-			p, err := startRatelimit(ctx, cfg.RatelimitBin, dir, rs.addr, append(slices.Clone(noTrace), gcTrace))
+			p, err := startRatelimit(ctx, cfg.RatelimitBin, dir, rs.addr, noTraceEnv(gcTrace))
 			if err != nil {
 				return nil, err
 			}
@@ -292,6 +286,24 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 			}
 			for _, r := range byTarget {
 				results = append(results, *r)
+			}
+		}
+	}
+	if cfg.ProfileDir != "" {
+		// One unmeasured phase per target and scenario, at saturation like
+		// the storm's, for cfg.Duration: <target>.<scenario>.*. The echo
+		// answers every scenario's load alike: it is profiled once.
+		profiled := map[*target]bool{}
+		for _, c := range cases {
+			var ts []*target
+			for _, t := range c.targets {
+				if !profiled[t] {
+					profiled[t] = true
+					ts = append(ts, t)
+				}
+			}
+			if err := profileTargets(ctx, ts, cfg, profileLoad{label: c.name, workers: sc.Callers, keySpace: c.calls}, logw); err != nil {
+				return results, err
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -55,6 +56,37 @@ func TestSmokeStorm(t *testing.T) {
 		"| herd | 2 | retryd | 200 | 200 | 0 |", "| storm | retryd | grpc echo | 1 |", "| herd | retryd | grpc echo | 2 |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// TestSmokeStormProfile runs the storm with a profile directory for a
+// moment and checks that retryd and the echo left their profiles of the
+// storm's load and a summary that reads them.
+func TestSmokeStormProfile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs two servers, and profiles them")
+	}
+	dir := t.TempDir()
+	cfg := Config{Root: moduleRoot(t), Duration: time.Second, Warmup: 50 * time.Millisecond, Rounds: 1, Conns: 1, ProfileDir: dir}
+	sc := StormConfig{Calls: 200, Callers: 4, Memory: true}
+	if _, err := RunStorm(context.Background(), cfg, sc); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"retryd.storm", "grpc-echo.storm"} {
+		for _, ext := range []string{".cpu.pprof", ".allocs.pprof", ".heap.pprof", ".trace", ".sched.pprof"} {
+			if fi, err := os.Stat(filepath.Join(dir, name+ext)); err != nil || fi.Size() == 0 {
+				t.Errorf("%s%s: %v", name, ext, err)
+			}
+		}
+		top, err := os.ReadFile(filepath.Join(dir, name+".top.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"Where the samples go", "-sample_index=alloc_objects", "Scheduler latency of an execution trace"} {
+			if !strings.Contains(string(top), want) {
+				t.Errorf("%s.top.txt lacks %q:\n%s", name, want, top)
+			}
 		}
 	}
 }

@@ -46,8 +46,8 @@ func WriteStormTable(w io.Writer, cfg Config, sc StormConfig, results []StormRes
 		"with GODEBUG=gctrace=1 (sweep termination, assists, background and idle marking, mark termination; not sweeping; idle marking runs on a core nothing else wanted) over its CPU time (/proc, 10 ms resolution: — when 0).\n\n")
 	b.WriteString("| scenario | target | vs | round | CPU / call ratio | calls/s ratio | p50 ratio | p99 ratio | allocs / call ratio |\n")
 	b.WriteString("| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
-	for _, scenario := range uniqStorm(results, func(r StormResult) string { return r.Scenario }) {
-		for _, subject := range uniqStorm(results, func(r StormResult) string { return r.Target }) {
+	for _, scenario := range uniq(results, func(r StormResult) string { return r.Scenario }) {
+		for _, subject := range uniq(results, func(r StormResult) string { return r.Target }) {
 			if subject != echoName {
 				writeStormRatios(&b, cfg, results, scenario, subject, echoName)
 			}
@@ -60,8 +60,7 @@ func WriteStormTable(w io.Writer, cfg Config, sc StormConfig, results []StormRes
 // writeStormRatios writes subject's ratios to base in one scenario, per
 // round and pooled over the rounds.
 func writeStormRatios(b *strings.Builder, cfg Config, results []StormResult, scenario, subject, base string) {
-	var aCPU, bCPU, aSec, bSec float64
-	var aCalls, bCalls int64
+	var p pooled
 	for round := 1; round <= cfg.Rounds; round++ {
 		a, okA := findStorm(results, scenario, subject, round)
 		o, okB := findStorm(results, scenario, base, round)
@@ -74,13 +73,10 @@ func writeStormRatios(b *strings.Builder, cfg Config, results []StormResult, sce
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %s |\n", scenario, subject, base, round,
 			ratio(a.CPUPerCall(), o.CPUPerCall()), a.RPS()/o.RPS(), ratio(a.P50, o.P50), ratio(a.P99, o.P99), allocs)
-		aCPU, bCPU = aCPU+a.ServerCPU, bCPU+o.ServerCPU
-		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
-		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
+		p.add(a.ServerCPU, a.Calls, a.Elapsed, o.ServerCPU, o.Calls, o.Elapsed)
 	}
-	if aCalls > 0 && bCalls > 0 && bCPU > 0 {
-		fmt.Fprintf(b, "| %s | %s | %s | pooled | %.2f | %.2f | | | |\n", scenario, subject, base,
-			(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aCalls)/aSec)/(float64(bCalls)/bSec))
+	if cpu, rps, ok := p.ratios(); ok {
+		fmt.Fprintf(b, "| %s | %s | %s | pooled | %.2f | %.2f | | | |\n", scenario, subject, base, cpu, rps)
 	}
 }
 
@@ -91,16 +87,4 @@ func findStorm(results []StormResult, scenario, target string, round int) (Storm
 		}
 	}
 	return StormResult{}, false
-}
-
-func uniqStorm(results []StormResult, key func(StormResult) string) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, r := range results {
-		if k := key(r); !seen[k] {
-			seen[k] = true
-			out = append(out, k)
-		}
-	}
-	return out
 }

@@ -225,9 +225,7 @@ func writeRedisRatios(b *strings.Builder, cfg Config, rs []Result, base string, 
 // writeRatios writes subject's ratios to base in mode, per round and
 // pooled over the rounds.
 func writeRatios(b *strings.Builder, cfg Config, results []Result, mode, subject, base string) {
-	var aCPU, bCPU float64
-	var aCalls, bCalls int64
-	var aSec, bSec float64
+	var p pooled
 	for round := 1; round <= cfg.Rounds; round++ {
 		a, okA := find(results, subject, mode, round)
 		o, okB := find(results, base, mode, round)
@@ -236,14 +234,35 @@ func writeRatios(b *strings.Builder, cfg Config, results []Result, mode, subject
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %d | %.2f | %.2f | %.2f |\n", mode, subject, base, round,
 			ratio(a.CPUPerCall(), o.CPUPerCall()), a.RPS()/o.RPS(), ratio(a.P99, o.P99))
-		aCPU, bCPU = aCPU+a.ServerCPU, bCPU+o.ServerCPU
-		aCalls, bCalls = aCalls+a.Calls, bCalls+o.Calls
-		aSec, bSec = aSec+a.Elapsed.Seconds(), bSec+o.Elapsed.Seconds()
+		p.add(a.ServerCPU, a.Calls, a.Elapsed, o.ServerCPU, o.Calls, o.Elapsed)
 	}
-	if aCalls > 0 && bCalls > 0 && bCPU > 0 {
-		fmt.Fprintf(b, "| %s | %s | %s | pooled | %.2f | %.2f | |\n", mode, subject, base,
-			(aCPU/float64(aCalls))/(bCPU/float64(bCalls)), (float64(aCalls)/aSec)/(float64(bCalls)/bSec))
+	if cpu, rps, ok := p.ratios(); ok {
+		fmt.Fprintf(b, "| %s | %s | %s | pooled | %.2f | %.2f | |\n", mode, subject, base, cpu, rps)
 	}
+}
+
+// pooled sums a subject's (a) and a baseline's (b) server CPU seconds,
+// calls and elapsed seconds over the rounds they both ran, for the
+// pooled ratio rows.
+type pooled struct {
+	aCPU, bCPU, aSec, bSec float64
+	aCalls, bCalls         int64
+}
+
+func (p *pooled) add(aCPU float64, aCalls int64, aElapsed time.Duration, bCPU float64, bCalls int64, bElapsed time.Duration) {
+	p.aCPU, p.bCPU = p.aCPU+aCPU, p.bCPU+bCPU
+	p.aCalls, p.bCalls = p.aCalls+aCalls, p.bCalls+bCalls
+	p.aSec, p.bSec = p.aSec+aElapsed.Seconds(), p.bSec+bElapsed.Seconds()
+}
+
+// ratios are the pooled CPU per call and calls per second ratios, when
+// both sides made calls and the baseline's CPU reading is above zero.
+func (p pooled) ratios() (cpu, rps float64, ok bool) {
+	if p.aCalls == 0 || p.bCalls == 0 || p.bCPU <= 0 {
+		return 0, 0, false
+	}
+	return (p.aCPU / float64(p.aCalls)) / (p.bCPU / float64(p.bCalls)),
+		(float64(p.aCalls) / p.aSec) / (float64(p.bCalls) / p.bSec), true
 }
 
 func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
@@ -273,7 +292,8 @@ func findTarget(results []Result, target string) (Result, bool) {
 	return Result{}, false
 }
 
-func uniq(results []Result, key func(Result) string) []string {
+// uniq is the distinct keys of results, in the order they first occur.
+func uniq[R any](results []R, key func(R) string) []string {
 	var out []string
 	seen := map[string]bool{}
 	for _, r := range results {

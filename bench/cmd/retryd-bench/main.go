@@ -9,14 +9,16 @@
 //	    [--scale-src DIR] [--chains-memory-limit 1GiB] [--skip-ab] [--out bench-results.md]
 //	go run ./bench/cmd/retryd-bench --all [--ratelimit-bin PATH] --out bench-results.md
 //	go run ./bench/cmd/retryd-bench --storm [--storm-calls 60000] [--storm-callers 50] [--rounds 3]
-//	    [--storm-herd 2000] [--redis-peer [--ratelimit-bin PATH]]
+//	    [--storm-herd 2000] [--redis-peer [--ratelimit-bin PATH]] [--profile DIR [--duration 10s]]
 //
 // --storm runs the failure storm instead of the A/B modes: each FailedStep
 // a new session's first failure, against retryd on the memory store and,
 // with --redis-peer, on the Redis store (beside ratelimit with
 // --ratelimit-bin); --storm-herd N adds (or alone runs) the herd, N
 // sessions per phase failing on one provider with fleet protection on.
-// Each is interleaved with the bare echo under the same load.
+// Each is interleaved with the bare echo under the same load. With
+// --profile, one more phase per target and scenario, of --duration, is
+// profiled after the measured ones.
 //
 // --all runs every part, as docs/benchmarks.md reports them; flags given
 // beside it win.
@@ -88,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&cfg.NoMetrics, "no-metrics", false, "run retryd without --metrics-listen (and so without otelgrpc); default: metrics on, as deployed")
 	fs.IntVar(&cfg.EchoHold, "echo-hold", 0, "also run bench/echo holding this many linked 128-byte objects live (a heap shaped like retryd's state), as target \"grpc echo+held\", and holding the same bytes without pointers, as \"grpc echo+bytes\"; 0: skip")
 	fs.StringVar(&cfg.BaseRoot, "base-src", "", "another retryd source tree (e.g. git archive HEAD, unpacked) to run as target retryd@base")
-	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU and heap profiles and an execution trace of retryd and the echoes (one extra, unmeasured phase per target and mode) to this directory")
+	fs.StringVar(&cfg.ProfileDir, "profile", "", "write CPU, allocation and heap profiles and an execution trace of retryd and the echoes (one extra, unmeasured phase of --duration per target and mode; under --storm, per target and scenario) to this directory")
 	out := fs.String("out", "", "also write the table to this file")
 	skipAB := fs.Bool("skip-ab", false, "skip the A/B load phases (run only the scale parts)")
 	sc := bench.ScaleConfig{AwaitLead: time.Minute, AwaitSpread: 10 * time.Second}

@@ -30,6 +30,10 @@ var categories = []struct {
 	{"GC: background mark workers (idle and fractional)", regexp.MustCompile(`runtime\.gcBgMarkWorker`)},
 	{"GC: assists, sweeping, write barriers", regexp.MustCompile(`runtime\.(gcAssist|bgsweep|sweepone|wbBufFlush|bulkBarrier|gcWriteBarrier|markroot)`)},
 	{"otelgrpc stats handler", regexp.MustCompile(`otelgrpc`)},
+	// retryd's own RPC metrics interceptor, which replaces otelgrpc when
+	// tracing is off. It runs inside the generated handler's frame, so it
+	// must come before "service: handlers", which matches that frame.
+	{"RPC metrics interceptor (telemetry.RPCMetrics)", regexp.MustCompile(`retryd/telemetry\.\(\*RPCMetrics\)`)},
 	{"service telemetry (spans, metrics)", regexp.MustCompile(`retryd/service\.\(\*instruments\)|retryd/service\.(callerAttempt|traceparent)`)},
 	{"policy resolution", regexp.MustCompile(`retryd/policy\.(Resolve|\(\*Cache\)|\(\*Policy\)\.(canonicalKey|Proto|index))`)},
 	{"validation", regexp.MustCompile(`retryd/service\.\(\*validator\)|retryd/service\.\(\*Service\)\.failure$|retryd/policy\.ValidateCode`)},

@@ -99,3 +99,18 @@ func TestConfigReloadInterval(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultPoliciesResolvedOnce: without a policy file every failure is
+// decided by one resolved default policy, not one resolved per call (which
+// a chain would keep alive until it expires).
+func TestDefaultPoliciesResolvedOnce(t *testing.T) {
+	t.Parallel()
+	p := &parts{c: DefaultConfig()}
+	if err := p.loadPolicies(); err != nil {
+		t.Fatal(err)
+	}
+	first, again := p.currentPolicies().ForProvider("p"), p.currentPolicies().ForProvider("p")
+	if first != again {
+		t.Errorf("two failures without a policy file got two default policies (%p, %p), want one", first, again)
+	}
+}

@@ -131,9 +131,11 @@ func build(ctx context.Context, c Config, log *slog.Logger, getenv func(string) 
 }
 
 // loadPolicies loads the policy file (--config); without one the default
-// policies decide.
+// policies decide, resolved once: every chain decided by them shares
+// their one policy (and its proto), which a chain keeps until it expires.
 func (p *parts) loadPolicies() error {
-	p.currentPolicies = config.Default
+	def := config.Default()
+	p.currentPolicies = func() *config.Policies { return def }
 	if p.c.ConfigFile != "" {
 		src, err := newPolicySource(p.c.ConfigFile, p.log)
 		if err != nil {

@@ -228,7 +228,12 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 		t.warm(&t.standalone.MinIdleConns, t.standalone.PoolSize)
 		return redis.NewClient(t.standalone)
 	case t.cluster != nil:
-		t.cluster.OnConnect = onConnect
+		t.cluster.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+			if err := requireClusterNode(ctx, cn); err != nil {
+				return err
+			}
+			return onConnect(ctx, cn)
+		}
 		t.failFast(&t.cluster.ContextTimeoutEnabled, &t.cluster.DialTimeout, &t.cluster.PoolTimeout)
 		t.warm(&t.cluster.MinIdleConns, t.cluster.PoolSize)
 		if t.cluster.ClusterStateReloadInterval == 0 {
@@ -243,6 +248,33 @@ func (t *target) client(onConnect func(context.Context, *redis.Conn) error) redi
 	t.failFast(&t.sentinel.ContextTimeoutEnabled, &t.sentinel.DialTimeout, &t.sentinel.PoolTimeout)
 	t.warm(&t.sentinel.MinIdleConns, t.sentinel.PoolSize)
 	return redis.NewFailoverClient(t.sentinel)
+}
+
+// requireClusterNode is the first check on every connection of a Cluster
+// target: the server must be a Redis Cluster node. The client names the
+// nodes by the addresses in its slot map, and after a master dies it
+// dials that master's address until a replica has taken over and the map
+// is read again. A Redis that is not a Cluster node and listens on that
+// address by then (an address handed out again, as Kubernetes does with a
+// pod's) would take the commands meant for the Cluster and answer them
+// from its own keys: a session not found, decisions written where no
+// replica of retryd reads them. A Cluster node answers MOVED for slots it
+// does not serve, which the client follows; so the check is that INFO
+// reports cluster_enabled:1, one round trip per new connection.
+func requireClusterNode(ctx context.Context, cn *redis.Conn) error {
+	info, err := cn.Info(ctx, "cluster").Result()
+	if err != nil {
+		return fmt.Errorf("redis store: INFO cluster on a Cluster node's connection: %w", err)
+	}
+	if !strings.Contains(info, "cluster_enabled:1") {
+		addr := "an address in the Cluster's slot map"
+		if ci, err := cn.ClientInfo(ctx).Result(); err == nil && ci.LAddr != "" {
+			addr = ci.LAddr
+		}
+		return fmt.Errorf("redis store: the Redis at %s is not a Cluster node (INFO cluster: cluster_enabled is not 1), "+
+			"though the Cluster's slot map names its address: refused, so that no command meant for the Cluster reaches it", addr)
+	}
+	return nil
 }
 
 // failFast sets the client options that let a call end within

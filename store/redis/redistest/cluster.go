@@ -161,12 +161,13 @@ func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
 // startNode starts node i of a cluster, with its cluster bus on a free
 // port of its own (not the default port+10000, which may be taken).
 func startNode(dir string, i int, opts ClusterOptions) (*Server, error) {
-	return startEach(func() ([]string, error) { return nodeArgs(dir, i, opts) })
+	return startEach(func(host string) ([]string, error) { return nodeArgs(dir, host, i, opts) })
 }
 
-// nodeArgs are the arguments of node i, with a bus port picked afresh.
-func nodeArgs(dir string, i int, opts ClusterOptions) ([]string, error) {
-	bus, err := loopback.FreePort()
+// nodeArgs are the arguments of node i on host, with a bus port picked
+// afresh.
+func nodeArgs(dir, host string, i int, opts ClusterOptions) ([]string, error) {
+	bus, err := loopback.FreePortOn(host)
 	if err != nil {
 		return nil, err
 	}

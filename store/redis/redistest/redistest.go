@@ -30,6 +30,7 @@ import (
 type Server struct {
 	// Addr is its host:port.
 	Addr string
+	host string
 	port int
 	args []string
 
@@ -98,11 +99,33 @@ func (s *Server) Restart(t testing.TB) {
 	if s.proc != nil {
 		t.Fatalf("redistest: redis-server on %s is still running", s.Addr)
 	}
-	p, err := run(s.port, s.args)
+	p, err := runAt("", s.host, s.port, s.args)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.proc = p
+}
+
+// Impostor starts a standalone redis-server of the test's own on the
+// address of s, which must be stopped or killed: empty, with appendonly
+// yes and appendfsync always (so that a client asking for durability
+// accepts it), another Redis that took a dead server's address, as a new
+// pod takes an address handed out again. It is stopped at cleanup.
+func (s *Server) Impostor(t testing.TB) *Server {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		t.Fatalf("redistest: redis-server on %s is still running", s.Addr)
+	}
+	args := []string{"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", t.TempDir()}
+	p, err := runAt("", s.host, s.port, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imp := &Server{Addr: s.Addr, host: s.host, port: s.port, args: args, proc: p}
+	t.Cleanup(imp.Stop)
+	return imp
 }
 
 // Options configure a server started with StartWith.
@@ -211,7 +234,7 @@ func start(args ...string) (*Server, error) {
 // startArgs runs redis-server with exactly args (a configuration file, if
 // any, first) on a free loopback port.
 func startArgs(args []string) (*Server, error) {
-	return startEach(func() ([]string, error) { return args, nil })
+	return startEach(func(string) ([]string, error) { return args, nil })
 }
 
 // errExited is a redis-server that ended before it answered PING.
@@ -221,25 +244,33 @@ var errExited = errors.New("redis-server exited before it answered PING")
 const startTries = 3
 
 // startEach runs redis-server with the arguments next returns on a free
-// loopback port, and when the server exits at once, again on another port
-// with next's arguments again (next picks any further ports it names
-// afresh). A port found free is closed before redis-server binds it, and
-// with many tests starting servers and dialling at once another process
-// can take it in between: redis-server then fails to bind and exits.
-func startEach(next func() ([]string, error)) (*Server, error) {
+// port of a loopback address of its own (loopback.Host), and when the
+// server exits at once, again on another address and port with next's
+// arguments again (next picks any further ports it names afresh, on the
+// address it is given). A port found free is closed before redis-server
+// binds it, and another process can take it in between: redis-server then
+// fails to bind and exits.
+//
+// The address of its own keeps a server that stopped from being replaced
+// by another test's: a Redis Cluster client whose slot map still names a
+// killed master dials its address until a replica takes over, and on
+// 127.0.0.1 another test's redis-server could be listening there by then
+// and take the commands meant for the Cluster.
+func startEach(next func(host string) ([]string, error)) (*Server, error) {
 	var err error
 	for range startTries {
+		host := loopback.Host()
 		var args []string
-		if args, err = next(); err != nil {
+		if args, err = next(host); err != nil {
 			return nil, err
 		}
 		var port int
-		if port, err = loopback.FreePort(); err != nil {
+		if port, err = loopback.FreePortOn(host); err != nil {
 			return nil, err
 		}
 		var p *process
-		if p, err = run(port, args); err == nil {
-			return &Server{Addr: fmt.Sprintf("127.0.0.1:%d", port), port: port, args: args, proc: p}, nil
+		if p, err = runAt("", host, port, args); err == nil {
+			return &Server{Addr: net.JoinHostPort(host, strconv.Itoa(port)), host: host, port: port, args: args, proc: p}, nil
 		}
 		if !errors.Is(err, errExited) {
 			return nil, err
@@ -259,14 +290,11 @@ func alive(pid int) bool {
 	return ok && rest != "" && rest[0] != 'Z' && rest[0] != 'X'
 }
 
-// run starts redis-server on port under a shell watchdog that kills it by
-// PID as soon as its stdin closes, so the server never outlives the test
-// process, and waits until it answers PING.
-func run(port int, args []string) (*process, error) { return runAt("", "127.0.0.1", port, args) }
-
-// runAt is run in the network namespace netns ("" is the test's own), the
-// server bound to host there; the test must reach host:port from its own
-// namespace.
+// runAt starts redis-server bound to host:port in the network namespace
+// netns ("" is the test's own) under a shell watchdog that kills it by PID
+// as soon as its stdin closes, so the server never outlives the test
+// process, and waits until it answers PING. The test must reach host:port
+// from its own namespace.
 func runAt(netns, host string, port int, args []string) (*process, error) {
 	quote := func(a string) string { return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'" }
 	quoted := make([]string, len(args))
@@ -277,7 +305,12 @@ func runAt(netns, host string, port int, args []string) (*process, error) {
 	if netns != "" {
 		in = "ip netns exec " + quote(netns) + " "
 	}
-	script := fmt.Sprintf(`%sredis-server %s --port %d --bind %s >/dev/null 2>&1 &
+	// Its connections to other servers (a replica's to its master, a
+	// Cluster node's bus, a Sentinel's) leave from host as well, so that
+	// each server is known to the others by the address it serves on; they
+	// then come from a loopback address other than 127.0.0.1, which
+	// protected mode would refuse.
+	script := fmt.Sprintf(`%sredis-server %s --port %d --bind %s --bind-source-addr %[4]s --protected-mode no >/dev/null 2>&1 &
 pid=$!
 echo "pid $pid"
 read _

@@ -27,7 +27,7 @@ func TestRunReportsExit(t *testing.T) {
 	}
 	defer lis.Close()
 	began := time.Now()
-	p, err := run(lis.Addr().(*net.TCPAddr).Port, []string{"--save", "", "--appendonly", "no"})
+	p, err := runAt("", "127.0.0.1", lis.Addr().(*net.TCPAddr).Port, []string{"--save", "", "--appendonly", "no"})
 	if err == nil {
 		p.stop()
 		t.Fatal("redis-server started on a port that is taken")

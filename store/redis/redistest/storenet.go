@@ -168,7 +168,7 @@ func (sn *StoreNet) redis(t testing.TB, port int, args ...string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Addr: net.JoinHostPort(sn.Service, strconv.Itoa(port)), port: port, args: args, proc: p}
+	s := &Server{Addr: net.JoinHostPort(sn.Service, strconv.Itoa(port)), host: sn.Service, port: port, args: args, proc: p}
 	t.Cleanup(s.Stop)
 	return s
 }

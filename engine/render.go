@@ -16,7 +16,11 @@ func (r *Retry) Scheduled() *retrydv1.RetryScheduled {
 	if r.stored != nil {
 		return r.stored.scheduled
 	}
-	return r.scheduledIn(new(scheduledBlock))
+	x := new(struct { // the block has room for MaxRetries in its size class
+		sb  scheduledBlock
+		max uint32
+	})
+	return r.scheduledIn(&x.sb, &x.max)
 }
 
 // scheduledBlock is a RetryScheduled and its due time, which live and die
@@ -27,16 +31,21 @@ type scheduledBlock struct {
 }
 
 // scheduledIn builds the RetryScheduled of a retry this process scheduled
-// in x.
-func (r *Retry) scheduledIn(x *scheduledBlock) *retrydv1.RetryScheduled {
+// in x. A bounded retry's MaxRetries is kept in max, which lives with x,
+// or allocated when max is nil (where room for it would take x's holder
+// into a larger size class).
+func (r *Retry) scheduledIn(x *scheduledBlock, max *uint32) *retrydv1.RetryScheduled {
 	t := r.textOf()
 	sc := &x.sc
 	sc.RetryId, sc.Turn, sc.Step, sc.LogicalTurnId = r.ID, r.turn, r.step, t.logicalTurnID
 	sc.Provider, sc.Mode, sc.PolicyKey = r.chain.Key.Provider, r.mode, r.chain.Key.PolicyKey
 	sc.Failure, sc.RetryNumber = r.failure, r.retryNumber
 	if r.bounded {
-		max := r.maxRetries
-		sc.MaxRetries = &max
+		if max == nil {
+			max = new(uint32)
+		}
+		*max = r.maxRetries
+		sc.MaxRetries = max
 	}
 	x.due.Seconds, x.due.Nanos = r.due/1e9, int32(r.due%1e9)
 	sc.DelayMs, sc.DelaySource, sc.DueAt, sc.Detail = r.delayMs, r.source, &x.due, t.detail
@@ -107,7 +116,7 @@ func (r *Retry) state(cancelled *retrydv1.RetryCancelled) *retrydv1.RetryState {
 			sb scheduledBlock
 		})
 		st = &x.st
-		st.Scheduled = r.scheduledIn(&x.sb)
+		st.Scheduled = r.scheduledIn(&x.sb, nil) // x fills its size class
 	}
 	st.RetryId, st.SessionId, st.Status = r.ID, r.SessionID, r.Status
 	st.Started, st.Cancelled, st.Awaiters = r.Started(), cancelled, uint32(r.Awaiters)

@@ -64,15 +64,45 @@ type Session struct {
 	cancelled  *position // a delegation cancelled at this position
 	retries    []*Retry  // oldest first, at most MaxRetainedRetries
 	// settled are the retries terminal since the last Commit, not yet
-	// released; made by the first Start or Cancel and then reused (a
-	// pointer, as most sessions in memory are waiting for a retry and never
-	// settled one: it keeps Session in a smaller size class).
-	settled *[]*Retry
+	// released (see Settled). A session has one pending retry, so a commit
+	// almost always releases at most one: it is kept in settledOne, in the
+	// session itself (it fits in Session's size class, and in
+	// sessionBlock's). When a second settles before the Commit, they all
+	// move to settledMore, made then and reused (a pointer: most sessions
+	// never need it).
+	settledOne  [1]*Retry
+	settledMore *[]*Retry
+}
+
+// sessionBlock is a new session with room for the step record of its
+// first failure. In a storm of first failures every FailedStep makes a
+// session, and the block is one allocation instead of two for the same
+// bytes: it fills the 224-byte size class that the session and the
+// records slice's first element took together. The records slice starts
+// with a capacity of one in the block, so a second record grows it as
+// append would have, leaving the block's element unused while the session
+// lives.
+type sessionBlock struct {
+	session Session
+	records [1]stepRecord
+}
+
+// chainBlock is a session's first chain with room for the first element of
+// its chains and retries slices, like sessionBlock (one allocation instead
+// of three, in the 96-byte size class the three took together). It is not
+// part of sessionBlock because a first failure that is delegated makes no
+// chain: that block would then be in the 320-byte class for nothing.
+type chainBlock struct {
+	chain   Chain
+	chains  [1]*Chain
+	retries [1]*Retry
 }
 
 // NewSession returns an empty session.
 func NewSession(id string, now time.Time) *Session {
-	return &Session{ID: id, updated: unixNano(now)}
+	b := &sessionBlock{session: Session{ID: id, updated: unixNano(now)}}
+	b.session.records = b.records[:0]
+	return &b.session
 }
 
 // Updated is when a transition last changed the session.
@@ -106,10 +136,24 @@ func (s *Session) chain(k ChainKey) *Chain {
 	return nil
 }
 
-// addChain adds a chain whose key the session does not have yet.
-func (s *Session) addChain(c *Chain) {
-	i, _ := slices.BinarySearchFunc(s.chains, c.Key, chainOrder)
+// addChain adds a new chain with key k, which the session does not have
+// yet, and returns it for the caller to fill in. The session's first
+// chain comes in a chainBlock, a new one each time, so that a chain a
+// Revert undid is never used again (its retry may still point to it).
+func (s *Session) addChain(k ChainKey) *Chain {
+	if len(s.chains) == 0 {
+		b := &chainBlock{chain: Chain{Key: k}}
+		b.chains[0] = &b.chain
+		s.chains = b.chains[:]
+		if cap(s.retries) == 0 { // a chain's retries come after it
+			s.retries = b.retries[:0]
+		}
+		return &b.chain
+	}
+	c := &Chain{Key: k}
+	i, _ := slices.BinarySearchFunc(s.chains, k, chainOrder)
 	s.chains = slices.Insert(s.chains, i, c)
+	return c
 }
 
 // record returns the latest position's record of phase, or nil.
@@ -141,10 +185,20 @@ func (s *Session) clearRecords() {
 
 // settle notes that r became terminal (see Settled).
 func (s *Session) settle(r *Retry) {
-	if s.settled == nil {
-		s.settled = new([]*Retry)
+	more := s.settledMore
+	if s.settledOne[0] == nil && (more == nil || len(*more) == 0) {
+		s.settledOne[0] = r
+		return
 	}
-	*s.settled = append(*s.settled, r)
+	if more == nil {
+		more = new([]*Retry)
+		s.settledMore = more
+	}
+	if first := s.settledOne[0]; first != nil {
+		*more = append(*more, first)
+		s.settledOne[0] = nil
+	}
+	*more = append(*more, r)
 }
 
 // Pending returns the session's scheduled retry that has not yet started or
@@ -238,10 +292,13 @@ func (s *Session) Retries() []*Retry { return s.retries }
 // start or cancellation that a crash could undo. The slice is valid until
 // the next Commit.
 func (s *Session) Settled() []*Retry {
-	if s.settled == nil {
+	if s.settledOne[0] != nil {
+		return s.settledOne[:]
+	}
+	if s.settledMore == nil {
 		return nil
 	}
-	return *s.settled
+	return *s.settledMore
 }
 
 // Commit ends the transitions since the last Commit or Revert: Settled is
@@ -252,10 +309,11 @@ func (s *Session) Commit() {
 	for i := range s.records {
 		s.records[i].compact()
 	}
-	if s.settled == nil {
+	s.settledOne[0] = nil
+	if s.settledMore == nil {
 		return
 	}
-	settled := *s.settled
+	settled := *s.settledMore
 	clear(settled)
-	*s.settled = settled[:0]
+	*s.settledMore = settled[:0]
 }

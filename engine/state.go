@@ -152,20 +152,15 @@ func RestoreSession(snap *statev1.Session) (*Session, error) {
 		if s.chain(key) != nil {
 			return nil, bad("two chains %s / %s", key.Provider, key.PolicyKey)
 		}
-		c := &Chain{
-			Key:     key,
-			Mode:    pc.GetMode(),
-			Retries: pc.GetRetries(),
-			Open:    pc.GetOpen(),
-			updated: unixNano(timeOf(pc.GetUpdatedAt())),
-		}
+		c := s.addChain(key) // the first in a chainBlock, as a new session's
+		c.Mode, c.Retries, c.Open = pc.GetMode(), pc.GetRetries(), pc.GetOpen()
+		c.updated = unixNano(timeOf(pc.GetUpdatedAt()))
 		if a := pc.GetAttempts(); len(a) > 0 {
 			c.attempts = &a
 		}
 		if pc.MaxRetries != nil {
 			c.Max = proto.Uint32(pc.GetMaxRetries())
 		}
-		s.addChain(c)
 		latest[c] = pc
 	}
 	byID := make(map[string]*Retry, len(snap.GetRetries()))
@@ -301,9 +296,9 @@ func (s *Session) Checkpoint() *Checkpoint {
 	cp.session.records = slices.Clone(s.records)
 	cp.session.chains = slices.Clone(s.chains)
 	cp.session.retries = slices.Clone(s.retries)
-	if s.settled != nil {
-		settled := slices.Clone(*s.settled)
-		cp.session.settled = &settled
+	if s.settledMore != nil {
+		settled := slices.Clone(*s.settledMore)
+		cp.session.settledMore = &settled
 	}
 	for _, c := range s.chains {
 		cp.chains = append(cp.chains, chainValue{c, *c}) // attempts are never modified in place

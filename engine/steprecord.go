@@ -197,11 +197,12 @@ func (r *stepRecord) eventOf(sessionID string) *retrydv1.Event {
 		kind retrydv1.Event_Scheduled
 		time timestamppb.Timestamp
 		sb   scheduledBlock
+		max  uint32
 	})
 	rt := r.retry
 	at := rt.due - int64(rt.delayMs)*int64(time.Millisecond)
 	x.time.Seconds, x.time.Nanos = at/1e9, int32(at%1e9)
-	x.kind.Scheduled = rt.scheduledIn(&x.sb)
+	x.kind.Scheduled = rt.scheduledIn(&x.sb, &x.max)
 	x.ev.Sequence, x.ev.SessionId, x.ev.Time, x.ev.Kind = rt.seq, sessionID, &x.time, &x.kind
 	return &x.ev
 }

@@ -70,3 +70,48 @@ func TestFleetStateWithTheDecision(t *testing.T) {
 		t.Errorf("a key never written: %+v, want the fresh state", got)
 	}
 }
+
+// TestFleetExpiryBesideATransaction: the sweep of idle fleet states runs
+// while a transaction holds a state it read and has not saved yet. The
+// sweep waits for that state without holding the map's lock, so the
+// transaction's save (which looks the key up again) finishes, then the
+// sweep, and the state saved is kept: it is not idle.
+func TestFleetExpiryBesideATransaction(t *testing.T) {
+	t.Parallel()
+	s := New(Config{})
+	defer s.Close()
+	held, proceed := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 2)
+	go func() {
+		done <- s.Update(context.Background(), "s", "k", store.TransitionFunc(func(tx store.Txn) error {
+			fl, _ := tx.Fleet("k")
+			close(held)
+			<-proceed
+			fl.State.Queued = 3
+			tx.SaveFleet(fl)
+			return nil
+		}))
+	}()
+	<-held
+	go func() {
+		s.fleets.expire(s.cfg.Now().Add(-time.Minute))
+		done <- nil
+	}()
+	// Time for the sweep to reach the held state; the outcome must not
+	// depend on whether it did.
+	time.Sleep(50 * time.Millisecond)
+	close(proceed)
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the transaction and the sweep of fleet states deadlocked")
+		}
+	}
+	if st, _ := s.FleetState(context.Background(), "k"); st.Queued != 3 {
+		t.Errorf("after the sweep: %d queued, want the 3 the transaction saved", st.Queued)
+	}
+}

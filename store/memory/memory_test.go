@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -248,5 +249,48 @@ func heapPerSession(b *testing.B, session func(s *Store, i int)) {
 		runtime.ReadMemStats(&after)
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/sessions, "bytes/session")
 		s.Close()
+	}
+}
+
+// TestTimersFollowTheAwaiters: a retry nobody awaits has one timer, at the
+// end of its abandon grace, and none at its due time, where it would find
+// nothing to do; an agent that awaits it before it is due adds the timer
+// for the due time, so it starts then and not at the end of the grace.
+func TestTimersFollowTheAwaiters(t *testing.T) {
+	t.Parallel()
+	const grace = time.Minute
+	s := New(Config{Options: store.Options{AbandonGrace: grace}})
+	defer s.Close()
+	id := fail(t, s, "a", 1, 500).GetDecision().GetSchedule().GetRetryId()
+	r, err := s.indexed(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.timers.mu.Lock()
+	timers := slices.Clone(s.timers.entries)
+	s.timers.mu.Unlock()
+	if len(timers) != 1 || timers[0].when().Before(r.Due().Add(grace)) {
+		t.Fatalf("timers of a retry nobody awaits: %v, want one, at its due time %v plus the grace", timers, r.Due())
+	}
+
+	got := make(chan *retrydv1.AwaitRetryResponse, 2)
+	go func() {
+		err := storetest.AwaitRetry(context.Background(), s, id, func(m *retrydv1.AwaitRetryResponse) error {
+			got <- m
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	for {
+		select {
+		case m := <-got:
+			if m.GetStarted() != nil {
+				return
+			}
+		case <-time.After(grace / 3):
+			t.Fatalf("an awaited retry due at %v had not started by %v", r.Due(), time.Now())
+		}
 	}
 }

@@ -258,18 +258,30 @@ func TestSlowCommitKeepsItsConnection(t *testing.T) {
 	rdb := goredis.NewClient(&goredis.Options{Addr: srv.Addr(0)})
 	t.Cleanup(func() { rdb.Close() })
 	decide(t, client, "warm")
-	before := connectionsReceived(t, rdb)
 
 	srv.Delay(t, 0, rtt/2, rtt/20)
 	const calls = 600
-	l := decideOverPath(client, 128, calls, "slow")
-	t.Logf("%d of %d calls answered OK (%s), %d UNAVAILABLE, in %v", len(l.ok), calls,
-		quantiles(l.ok), l.unavailable, l.took.Round(time.Millisecond))
-	if l.failed > 0 {
-		t.Fatalf("%d calls failed with neither OK nor UNAVAILABLE", l.failed)
-	}
-	if l.unavailable < calls/10 {
-		t.Fatalf("only %d of %d calls missed their bound: the case does not hold its premise", l.unavailable, calls)
+	// A call takes 3 to 5 round trips, so now and then a load answers
+	// (nearly) every call just within the bound: the case then does not
+	// hold its premise, and the load runs again, up to three times.
+	var l pathLoad
+	var before int
+	for attempt := 1; ; attempt++ {
+		before = connectionsReceived(t, rdb)
+		l = decideOverPath(client, 128, calls, fmt.Sprintf("slow%d", attempt))
+		t.Logf("%d of %d calls answered OK (%s), %d UNAVAILABLE, in %v", len(l.ok), calls,
+			quantiles(l.ok), l.unavailable, l.took.Round(time.Millisecond))
+		if l.failed > 0 {
+			t.Fatalf("%d calls failed with neither OK nor UNAVAILABLE", l.failed)
+		}
+		if l.unavailable >= calls/10 {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("only %d of %d calls missed their bound, in %d loads: the case does not hold its premise",
+				l.unavailable, calls, attempt)
+		}
+		time.Sleep(2 * rtt) // the last group's answer
 	}
 	time.Sleep(2 * rtt) // the last group's answer
 	grown := connectionsReceived(t, rdb) - before

@@ -13,7 +13,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { setTimeout as delay } from "node:timers/promises";
 import OpenAI from "openai";
-import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
+import { BasicTracerProvider, InMemorySpanExporter, type ReadableSpan, SimpleSpanProcessor } from "@opentelemetry/sdk-trace-base";
 import { RetrydClient } from "../src/client.js";
 import { withRetryd } from "../src/openai.js";
 import { FakeProvider } from "./fakeprovider.js";
@@ -84,14 +84,17 @@ test("agents through the middleware keep working across a SIGKILL and restart of
     const spans = exporter.getFinishedSpans().filter((s) => s.name === "retryd.recover");
     const local = spans.filter((s) => s.attributes["retryd.decision.local"] === true);
     const maxLocalRetry = Math.max(0, ...local.map((s) => Number(s.attributes["retryd.retry.number"] ?? 0)));
-    const afterRestart = spans.filter((s) => s.attributes["retryd.decision.local"] === false && s.startTime[0] * 1000 >= restartedAt);
+    // A span's start is [seconds, nanoseconds]: both count, or every span
+    // begun in the restart's second would be taken for one begun before it.
+    const startMs = (s: ReadableSpan) => s.startTime[0] * 1000 + s.startTime[1] / 1e6;
+    const afterRestart = spans.filter((s) => s.attributes["retryd.decision.local"] === false && startMs(s) >= restartedAt);
     t.diagnostic(
       `${AGENTS} agents, ${calls} calls: ${fake.received.length} provider attempts, ${failedCalls} failed calls; ` +
         `retryd down ${restartedAt - killedAt} ms; decisions: ${stats.serverDecisions} server (${afterRestart.length} after the restart), ` +
         `${stats.localDecisions} local (${atKill.localDecisions} in the first 1.5 s down), ${stats.localStarts} local starts, ` +
         `${stats.pendingResolved} RETRY_PENDING resolved, ${stats.localSuccesses} local successes; largest local retry number ${maxLocalRetry}`,
     );
-    const down = spans.filter((s) => s.startTime[0] * 1000 >= killedAt && s.startTime[0] * 1000 < restartedAt);
+    const down = spans.filter((s) => startMs(s) >= killedAt && startMs(s) < restartedAt);
     t.diagnostic(
       `recover calls begun while retryd was down: ${down.length}; their durations (ms): ` +
         down.map((s) => `${s.attributes["retryd.decision.local"] === true ? "L" : "S"}${Math.round(s.duration[0] * 1000 + s.duration[1] / 1e6)}`).join(" "),

@@ -85,20 +85,28 @@ func TestSmokeProfile(t *testing.T) {
 	if _, err := Run(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"retryd", "grpc-echo"} {
-		for _, ext := range []string{".cpu.pprof", ".heap.pprof", ".trace", ".sched.pprof"} {
-			if fi, err := os.Stat(filepath.Join(dir, name+".saturation"+ext)); err != nil || fi.Size() == 0 {
-				t.Errorf("%s%s: %v", name, ext, err)
-			}
+	for _, name := range []string{"retryd.saturation", "grpc-echo.saturation"} {
+		checkProfiles(t, dir, name, []string{".cpu.pprof", ".heap.pprof", ".trace", ".sched.pprof"},
+			"Where the samples go", "Scheduler latency of an execution trace", "go tool trace -pprof=sched")
+	}
+}
+
+// checkProfiles checks that dir holds name's profiles, one non-empty file
+// per extension in exts, and a summary (name.top.txt) with each of wants.
+func checkProfiles(t *testing.T, dir, name string, exts []string, wants ...string) {
+	t.Helper()
+	for _, ext := range exts {
+		if fi, err := os.Stat(filepath.Join(dir, name+ext)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s%s: %v", name, ext, err)
 		}
-		top, err := os.ReadFile(filepath.Join(dir, name+".saturation.top.txt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, want := range []string{"Where the samples go", "Scheduler latency of an execution trace", "go tool trace -pprof=sched"} {
-			if !strings.Contains(string(top), want) {
-				t.Errorf("%s.saturation.top.txt lacks %q:\n%s", name, want, top)
-			}
+	}
+	top, err := os.ReadFile(filepath.Join(dir, name+".top.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range wants {
+		if !strings.Contains(string(top), want) {
+			t.Errorf("%s.top.txt lacks %q:\n%s", name, want, top)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -46,19 +47,39 @@ type StormConfig struct {
 	// a redis-server of the harness's own, beside envoyproxy/ratelimit on
 	// the same server when Config.RatelimitBin names its binary.
 	Redis bool
+	// ChainTTL and AbandonGrace are retryd's --chain-ttl and
+	// --abandon-grace in every scenario (zero: 10 s and 1 s): how long
+	// the storm's state is held before it is abandoned and expires.
+	ChainTTL, AbandonGrace time.Duration
+}
+
+// Defaults of StormConfig.ChainTTL and AbandonGrace.
+const (
+	defaultStormChainTTL     = 10 * time.Second
+	defaultStormAbandonGrace = time.Second
+)
+
+// withDefaults fills in the zero durations.
+func (sc StormConfig) withDefaults() StormConfig {
+	sc.ChainTTL = cmp.Or(sc.ChainTTL, defaultStormChainTTL)
+	sc.AbandonGrace = cmp.Or(sc.AbandonGrace, defaultStormAbandonGrace)
+	return sc
 }
 
 // stormRetrydArgs are retryd's flags in every storm scenario besides
-// --store: a due retry nobody awaits is abandoned after 1 s and an idle
-// session's chains expire after 10 s, so the state a storm leaves behind
-// expires during the run; the admission bounds are off, so no call is
-// refused for the state it finds.
-var stormRetrydArgs = []string{
-	"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info",
-	"--abandon-grace", "1s", "--chain-ttl", "10s",
-	"--max-pending-retries-per-tenant", "0", "--max-pending-retries", "0",
-	"--max-open-chains-per-tenant", "0", "--max-open-chains", "0",
-	"--max-active-sessions-per-tenant", "0", "--max-awaiters", "0",
+// --store: a due retry nobody awaits is abandoned after the abandon grace
+// and an idle session's chains expire after the chain TTL (1 s and 10 s
+// by default), so the state a storm leaves behind expires during the run;
+// the admission bounds are off, so no call is refused for the state it
+// finds.
+func (sc StormConfig) stormRetrydArgs() []string {
+	return []string{
+		"serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json", "--log-level", "info",
+		"--abandon-grace", sc.AbandonGrace.String(), "--chain-ttl", sc.ChainTTL.String(),
+		"--max-pending-retries-per-tenant", "0", "--max-pending-retries", "0",
+		"--max-open-chains-per-tenant", "0", "--max-open-chains", "0",
+		"--max-active-sessions-per-tenant", "0", "--max-awaiters", "0",
+	}
 }
 
 // herdPolicy is the herd's policy file: the herd's provider has a retry
@@ -148,6 +169,10 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 	if logw == nil {
 		logw = io.Discard
 	}
+	sc = sc.withDefaults()
+	if sc.AbandonGrace < 0 || sc.ChainTTL < sc.AbandonGrace {
+		return nil, fmt.Errorf("bench: storm abandon grace %v must be positive and at most the chain TTL %v", sc.AbandonGrace, sc.ChainTTL)
+	}
 	if sc.Callers < 1 || sc.Calls < 1 || cfg.Conns < 1 || cfg.Rounds < 1 || sc.Herd < 0 {
 		return nil, fmt.Errorf("bench: storm callers, calls, conns and rounds must be positive (got %d, %d, %d, %d)",
 			sc.Callers, sc.Calls, cfg.Conns, cfg.Rounds)
@@ -170,7 +195,7 @@ func RunStorm(ctx context.Context, cfg Config, sc StormConfig) ([]StormResult, e
 	retrydEnv := noTraceEnv(append([]string{gcTrace}, cfg.RetrydEnv...)...)
 	// With --profile, retryd and the echo serve net/http/pprof beside
 	// their /metrics (ratelimit serves neither: it is not profiled).
-	retrydArgs := append(slices.Clone(stormRetrydArgs), cfg.pprofArgs()...)
+	retrydArgs := append(sc.stormRetrydArgs(), cfg.pprofArgs()...)
 	var procs []*process
 	var rs *redisServer
 	var all []*target

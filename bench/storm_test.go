@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -74,20 +73,8 @@ func TestSmokeStormProfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"retryd.storm", "grpc-echo.storm"} {
-		for _, ext := range []string{".cpu.pprof", ".allocs.pprof", ".heap.pprof", ".trace", ".sched.pprof"} {
-			if fi, err := os.Stat(filepath.Join(dir, name+ext)); err != nil || fi.Size() == 0 {
-				t.Errorf("%s%s: %v", name, ext, err)
-			}
-		}
-		top, err := os.ReadFile(filepath.Join(dir, name+".top.txt"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, want := range []string{"Where the samples go", "-sample_index=alloc_objects", "Scheduler latency of an execution trace"} {
-			if !strings.Contains(string(top), want) {
-				t.Errorf("%s.top.txt lacks %q:\n%s", name, want, top)
-			}
-		}
+		checkProfiles(t, dir, name, []string{".cpu.pprof", ".allocs.pprof", ".heap.pprof", ".trace", ".sched.pprof"},
+			"Where the samples go", "-sample_index=alloc_objects", "Scheduler latency of an execution trace")
 	}
 }
 
@@ -144,5 +131,36 @@ func TestSmokeStormRedis(t *testing.T) {
 	}
 	if want := "| storm@redis | retryd@redis | grpc echo | 1 |"; !strings.Contains(b.String(), want) {
 		t.Errorf("table lacks %q:\n%s", want, b.String())
+	}
+}
+
+// TestStormHeldState checks the storm's chain TTL and abandon grace: the
+// defaults and the values given reach the table's header, and a grace
+// longer than the TTL is refused before anything is built.
+func TestStormHeldState(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		sc   StormConfig
+		want string
+	}{
+		{StormConfig{Calls: 1, Callers: 1, Memory: true}, "--abandon-grace 1s --chain-ttl 10s"},
+		{StormConfig{Calls: 1, Callers: 1, Memory: true, ChainTTL: time.Second, AbandonGrace: 200 * time.Millisecond}, "--abandon-grace 200ms --chain-ttl 1s"},
+	} {
+		var b strings.Builder
+		if err := WriteStormTable(&b, Config{Rounds: 1, Conns: 1}, tc.sc, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), tc.want) {
+			t.Errorf("%+v: the table's header lacks %q:\n%s", tc.sc, tc.want, b.String())
+		}
+		if got := tc.sc.withDefaults().stormRetrydArgs(); !slices.Contains(got, "--chain-ttl") ||
+			!strings.Contains(strings.Join(got, " "), tc.want) {
+			t.Errorf("%+v: retryd's flags %q lack %q", tc.sc, got, tc.want)
+		}
+	}
+	_, err := RunStorm(context.Background(), Config{Root: t.TempDir(), Rounds: 1, Conns: 1},
+		StormConfig{Calls: 1, Callers: 1, Memory: true, ChainTTL: time.Second, AbandonGrace: 2 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "abandon grace") {
+		t.Errorf("a grace longer than the chain TTL: %v, want an error naming the abandon grace", err)
 	}
 }

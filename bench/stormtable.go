@@ -11,9 +11,10 @@ import (
 // phase, then each target's ratios to the bare echo of the same scenario
 // and round, then pooled over the rounds.
 func WriteStormTable(w io.Writer, cfg Config, sc StormConfig, results []StormResult) error {
+	sc = sc.withDefaults()
 	var b strings.Builder
-	fmt.Fprintf(&b, "retryd-bench failure storm: %d callers over %d connections, %d FailedSteps per phase (herd: %d), each a new session's first failure, after %v warm-up, %d rounds interleaved with the bare echo; retryd --abandon-grace 1s --chain-ttl 10s, admission bounds off\n\n",
-		sc.Callers, cfg.Conns, sc.Calls, sc.Herd, cfg.Warmup, cfg.Rounds)
+	fmt.Fprintf(&b, "retryd-bench failure storm: %d callers over %d connections, %d FailedSteps per phase (herd: %d), each a new session's first failure, after %v warm-up, %d rounds interleaved with the bare echo; retryd --abandon-grace %v --chain-ttl %v, admission bounds off\n\n",
+		sc.Callers, cfg.Conns, sc.Calls, sc.Herd, cfg.Warmup, cfg.Rounds, sc.AbandonGrace, sc.ChainTTL)
 	b.WriteString("| scenario | round | target | calls | answered | errors | fleet acted | calls/s | p50 | p99 | server CPU / call | redis-server CPU / call | allocs / call | bytes / call | GC cycles | GC CPU share |\n")
 	b.WriteString("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {

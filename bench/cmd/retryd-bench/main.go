@@ -10,6 +10,7 @@
 //	go run ./bench/cmd/retryd-bench --all [--ratelimit-bin PATH] --out bench-results.md
 //	go run ./bench/cmd/retryd-bench --storm [--storm-calls 60000] [--storm-callers 50] [--rounds 3]
 //	    [--storm-herd 2000] [--redis-peer [--ratelimit-bin PATH]] [--profile DIR [--duration 10s]]
+//	    [--storm-chain-ttl 10s] [--storm-abandon-grace 1s]
 //
 // --storm runs the failure storm instead of the A/B modes: each FailedStep
 // a new session's first failure, against retryd on the memory store and,
@@ -109,10 +110,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	})
 	storm := bench.StormConfig{Calls: 60_000, Callers: 50}
-	fs.BoolVar(&storm.Memory, "storm", false, "run the failure storm instead of the A/B modes: every FailedStep a new session's first failure, against retryd on the memory store (--abandon-grace 1s --chain-ttl 10s, admission bounds off), interleaved with the bare echo; with --redis-peer also on the Redis store (with --ratelimit-bin, beside ratelimit)")
+	fs.BoolVar(&storm.Memory, "storm", false, "run the failure storm instead of the A/B modes: every FailedStep a new session's first failure, against retryd on the memory store (--abandon-grace and --chain-ttl from --storm-abandon-grace and --storm-chain-ttl, admission bounds off), interleaved with the bare echo; with --redis-peer also on the Redis store (with --ratelimit-bin, beside ratelimit)")
 	fs.IntVar(&storm.Herd, "storm-herd", 0, "run the storm's herd (instead of the A/B modes): this many sessions per phase failing on one provider with fleet protection (budget and circuit) on; 0: skip")
 	fs.IntVar(&storm.Calls, "storm-calls", storm.Calls, "FailedSteps per phase of --storm")
 	fs.IntVar(&storm.Callers, "storm-callers", storm.Callers, "concurrent callers of --storm and --storm-herd")
+	fs.DurationVar(&storm.ChainTTL, "storm-chain-ttl", 10*time.Second, "retryd's --chain-ttl under --storm and --storm-herd: how long an idle session's state is held")
+	fs.DurationVar(&storm.AbandonGrace, "storm-abandon-grace", time.Second, "retryd's --abandon-grace under --storm and --storm-herd: how long a retry nobody awaits stays pending after it is due")
 	all := fs.Bool("all", false, "run every part as docs/benchmarks.md reports it: the A/B modes, --gubernator, --redis-peer (with ratelimit when --ratelimit-bin or $RETRYD_BENCH_RATELIMIT_BIN names its binary), --chains "+allChains+" and --awaiters 100000 (lead 75s, spread 60s); flags given explicitly win")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -129,8 +129,14 @@ func TestSmokeStormRedis(t *testing.T) {
 	if err := WriteStormTable(&b, cfg, sc, results); err != nil {
 		t.Fatal(err)
 	}
-	if want := "| storm@redis | retryd@redis | grpc echo | 1 |"; !strings.Contains(b.String(), want) {
-		t.Errorf("table lacks %q:\n%s", want, b.String())
+	wantRows := []string{"| storm@redis | retryd@redis | grpc echo | 1 |"}
+	if cfg.RatelimitBin != "" {
+		wantRows = append(wantRows, "| storm@redis | ratelimit | grpc echo | 1 |", "| storm@redis | retryd@redis | ratelimit | 1 |")
+	}
+	for _, want := range wantRows {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }
 

@@ -53,6 +53,11 @@ func WriteStormTable(w io.Writer, cfg Config, sc StormConfig, results []StormRes
 				writeStormRatios(&b, cfg, results, scenario, subject, echoName)
 			}
 		}
+		// On Redis, retryd also against the other service in front of
+		// the same redis-server.
+		if _, ok := findStorm(results, scenario, ratelimitName, 1); ok {
+			writeStormRatios(&b, cfg, results, scenario, retrydRedisName, ratelimitName)
+		}
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -29,11 +29,20 @@ import (
 // first (one pipelined read, then the script) for contendedFor; a replica
 // alone on its partitions stays at one round trip.
 //
-// known is bounded: past maxKnown keys it forgets some at random, which
-// costs only a round trip later.
+// known is bounded, and forgets the keys it learned longest ago: a
+// session a replica wrote is the one whose next transaction is likely
+// soon (its retry's start or abandonment, its next step), and forgetting
+// it costs that transaction a conflict (the script runs twice, and the
+// partition reads first for contendedFor). It keeps two generations: keys
+// go into young, and when young holds maxKnown/2 keys it becomes old and
+// the old generation is dropped; a key is found in either, and so stays
+// known for at least maxKnown/2 later keys. (Forgetting at random, as a
+// map's order would, drops a key written a moment ago as readily as one
+// from long ago: in a failure storm that lost a third of the sessions
+// before their abandonment.)
 type known struct {
-	mu     sync.Mutex
-	values map[string]knownValue
+	mu         sync.Mutex
+	young, old map[string]knownValue
 }
 
 // maxKnown bounds how many keys a replica remembers.
@@ -71,13 +80,24 @@ type knownValue struct {
 	keptSession
 }
 
-func newKnown() *known { return &known{values: map[string]knownValue{}} }
+func newKnown() *known { return &known{young: map[string]knownValue{}} }
+
+// lookup returns what is known of key and whether anything is; k.mu is
+// held.
+func (k *known) lookup(key string) (knownValue, bool) {
+	if v, ok := k.young[key]; ok {
+		return v, true
+	}
+	v, ok := k.old[key]
+	return v, ok
+}
 
 // get returns what is known of key (the zero value: absent).
 func (k *known) get(key string) knownValue {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return k.values[key]
+	v, _ := k.lookup(key)
+	return v
 }
 
 // take returns what is known of key, like get, and removes its session
@@ -85,9 +105,9 @@ func (k *known) get(key string) knownValue {
 func (k *known) take(key string) knownValue {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	v := k.values[key]
+	v, _ := k.lookup(key)
 	if v.sess != nil {
-		k.values[key] = knownValue{raw: v.raw, fields: v.fields, revision: v.revision}
+		k.put(key, knownValue{raw: v.raw, fields: v.fields, revision: v.revision})
 	}
 	return v
 }
@@ -98,7 +118,7 @@ func (k *known) take(key string) knownValue {
 func (k *known) read(key string, v knownValue) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if old := k.values[key]; old.sess != nil && old.raw == v.raw && v.fields == nil {
+	if old, _ := k.lookup(key); old.sess != nil && old.raw == v.raw && v.fields == nil {
 		return
 	}
 	k.put(key, v)
@@ -112,22 +132,25 @@ func (k *known) set(key string, v knownValue) {
 	k.put(key, v)
 }
 
-// put is set with k.mu held.
+// put is set with k.mu held: the key moves to the young generation, which
+// becomes the old one once it holds maxKnown/2 keys.
 func (k *known) put(key string, v knownValue) {
+	delete(k.old, key)
 	if v.raw == "" && len(v.fields) == 0 {
-		delete(k.values, key)
+		delete(k.young, key)
 		return
 	}
-	if _, ok := k.values[key]; !ok && len(k.values) >= maxKnown {
-		n := 0
-		for old := range k.values { // map order is random
-			delete(k.values, old)
-			if n++; n >= maxKnown/8 {
-				break
-			}
-		}
+	k.young[key] = v
+	if len(k.young) >= maxKnown/2 {
+		k.old, k.young = k.young, make(map[string]knownValue, maxKnown/2)
 	}
-	k.values[key] = v
+}
+
+// len reports how many keys are known.
+func (k *known) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.young) + len(k.old)
 }
 
 // forget drops what is known of keys (after an error that leaves their
@@ -136,7 +159,8 @@ func (k *known) forget(keys []string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, key := range keys {
-		delete(k.values, key)
+		delete(k.young, key)
+		delete(k.old, key)
 	}
 }
 

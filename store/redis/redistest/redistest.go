@@ -111,6 +111,15 @@ func (s *Server) Restart(t testing.TB) {
 // yes and appendfsync always (so that a client asking for durability
 // accepts it), another Redis that took a dead server's address, as a new
 // pod takes an address handed out again. It is stopped at cleanup.
+//
+// It refuses SYNC and PSYNC. A replica of the dead server keeps dialling
+// its master's address until it is promoted, and would otherwise take a
+// full resynchronisation from the impostor: its data replaced by the
+// impostor's empty dataset, then promoted with it (when the promotion
+// came after the impostor's transfer: one failover in a few). That is
+// Redis' replication trusting an address, which a Cluster defends with
+// masterauth and requirepass (docs/storage.md); the impostor is here to
+// prove what retryd's own connections do.
 func (s *Server) Impostor(t testing.TB) *Server {
 	t.Helper()
 	s.mu.Lock()
@@ -118,7 +127,8 @@ func (s *Server) Impostor(t testing.TB) *Server {
 	if s.proc != nil {
 		t.Fatalf("redistest: redis-server on %s is still running", s.Addr)
 	}
-	args := []string{"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", t.TempDir()}
+	args := []string{"--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", t.TempDir(),
+		"--rename-command", "SYNC", "", "--rename-command", "PSYNC", ""}
 	p, err := runAt("", s.host, s.port, args)
 	if err != nil {
 		t.Fatal(err)

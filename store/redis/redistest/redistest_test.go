@@ -40,6 +40,30 @@ func TestRunReportsExit(t *testing.T) {
 	}
 }
 
+// TestImpostorRefusesReplication: an impostor serves a client's commands
+// but never a replica's resynchronisation: the killed master's replica,
+// which dials the impostor's address until it is promoted, would
+// otherwise replace its data with the impostor's empty dataset (in
+// TestClusterFailover, under load, one run in a few lost the awaited
+// retry that way).
+func TestImpostorRefusesReplication(t *testing.T) {
+	s := Start(t)
+	s.Stop()
+	imp := s.Impostor(t)
+	rc := redis.NewClient(&redis.Options{Addr: imp.Addr})
+	defer rc.Close()
+	ctx := context.Background()
+	if err := rc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET on the impostor: %v", err)
+	}
+	for _, cmd := range [][]any{{"PSYNC", "?", "-1"}, {"SYNC"}} {
+		err := rc.Do(ctx, cmd...).Err()
+		if err == nil || !strings.Contains(err.Error(), "unknown command") {
+			t.Errorf("%v on the impostor: %v, want an unknown command", cmd, err)
+		}
+	}
+}
+
 // TestDelayAndLoss: a PING over a delayed path takes about twice the
 // one-way delay longer (each way held for delay ± jitter) and the other
 // path is untouched; after Undelay it is fast again; with loss 1 every

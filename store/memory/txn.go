@@ -104,7 +104,14 @@ func (s *Store) end(sh *shard, h uint64, t *txn) error {
 	}
 	if r := t.sess.Pending(); r != nil && r != t.pending {
 		s.indexRetry(r)
-		s.timers.push(s.firstTimer(r), r)
+		// A retry this transaction made has no awaiter yet (one attaches
+		// under this lock, after the commit), so its one timer is its
+		// abandonment. An agent that attaches before it is due adds a
+		// timer for the due time (Attach), and one that attaches later
+		// starts it at once (awaiter.Start): a retry nobody awaits, every
+		// retry of a failure storm, costs one firing, not one at its due
+		// time that finds no agent and another at the end of the grace.
+		s.timers.push(s.abandonAt(r), r)
 	}
 	s.unindex(t.forgotten)
 	return nil
@@ -158,20 +165,6 @@ func (s *Store) tick(r *engine.Retry) error {
 		s.timers.push(next, r)
 	}
 	return nil
-}
-
-// firstTimer is when a new pending retry's timer first fires: when it is
-// due if an agent awaits it already, else when it is abandoned unless one
-// does. An agent that attaches before the retry is due sets a timer for
-// the due time then (Attach), and one that attaches later starts it at
-// once (awaiter.Start); so a retry nobody awaits, every retry of a failure
-// storm, costs its timer one firing, not one at its due time that finds
-// no agent and another at the end of the grace.
-func (s *Store) firstTimer(r *engine.Retry) time.Time {
-	if r.Awaiters > 0 {
-		return r.Due()
-	}
-	return s.abandonAt(r)
 }
 
 // abandonAt is when pending retry r is cancelled unless an agent awaits
@@ -236,7 +229,7 @@ func (a *awaitStore) Attach(context.Context) (await.Awaiter, await.View, error) 
 	r.Awaiters++
 	s.awaiters.Add(1)
 	if r.Awaiters == 1 && s.cfg.Now().Before(r.Due()) {
-		s.timers.push(r.Due(), r) // awaited now: it starts when due (firstTimer)
+		s.timers.push(r.Due(), r) // awaited now: it starts when due (see end)
 	}
 	// done is made under the lock; received from without it.
 	return &awaiter{s: s, sh: sh, r: r, done: sh.doneOf(r)}, view(r), nil

@@ -1607,7 +1607,7 @@ func TestServeRenderedArgs(t *testing.T) {
 				t.Fatalf("args %q: --tls-cert given %v but --health-listen given %v: TLS needs the plaintext health port",
 					c.Args, pki != nil, run.healthAddr != "")
 			}
-			p := startRetryd(ctx, t, bins["retryd"], run.args, env)
+			p := startRetryd(ctx, t, bins["retryd"], &run, env)
 
 			// The port the probes and the helm test pod ask: the health port
 			// with TLS, the gRPC port without.
@@ -1690,7 +1690,7 @@ func TestServeRenderedArgs(t *testing.T) {
 				// A second replica on the same Redis: what one decides, the
 				// other serves.
 				run2 := localArgs(t, c.Args, config, "", files)
-				p2 := startRetryd(ctx, t, bins["retryd"], run2.args, env)
+				p2 := startRetryd(ctx, t, bins["retryd"], &run2, env)
 				conn2 := dial(t, run2.addr, pki, withToken...)
 				if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p2.exited); err != nil {
 					t.Fatalf("second replica: %v\nretryd output:\n%s", err, p2.logs.String())
@@ -1720,7 +1720,7 @@ func TestServeRenderedArgs(t *testing.T) {
 				t.Fatalf("the file store left no database in %s: %v", storeDir, err)
 			}
 			run = localArgs(t, c.Args, config, storeDir, files)
-			p = startRetryd(ctx, t, bins["retryd"], run.args, env)
+			p = startRetryd(ctx, t, bins["retryd"], &run, env)
 			conn2 := dial(t, run.addr, pki, withToken...)
 			if err := waitServing(ctx, healthpb.NewHealthClient(conn2), p.exited); err != nil {
 				t.Fatalf("restart on %s: %v\nretryd output:\n%s", storeDir, err, p.logs.String())
@@ -1867,15 +1867,21 @@ type localRun struct {
 	healthAddr  string // --health-listen; empty without it
 }
 
+// anyLoopbackPort is the listen address localArgs gives: the kernel picks
+// the port when retryd binds, and startRetryd reads it from the "serving"
+// line. A port picked free beforehand can be taken by a parallel test
+// before retryd binds it.
+const anyLoopbackPort = "127.0.0.1:0"
+
 // localArgs rewrites the rendered serve args for a run on this machine:
-// --listen, --metrics-listen and --health-listen (if given) to free loopback
-// ports, --config to the rendered policy file, --store=file: to storeDir,
+// --listen, --metrics-listen and --health-listen (if given) to
+// anyLoopbackPort, --config to the rendered policy file, --store=file: to storeDir,
 // and each flag naming a file of a Secret's volume (--tls-cert, --tls-key,
 // --tls-client-ca, --auth-credentials) to its file in files, keyed by flag
 // name; such a flag without a file there fails the test.
 func localArgs(t *testing.T, rendered []string, config, storeDir string, files map[string]string) localRun {
 	t.Helper()
-	run := localRun{args: slices.Clone(rendered), addr: freeLoopbackAddr(t)}
+	run := localRun{args: slices.Clone(rendered), addr: anyLoopbackPort}
 	rewritten, stores := 0, 0
 	for i, a := range run.args {
 		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
@@ -1887,10 +1893,10 @@ func localArgs(t *testing.T, rendered []string, config, storeDir string, files m
 			run.args[i] = "--config=" + config
 			rewritten++
 		case strings.HasPrefix(a, "--metrics-listen="):
-			run.metricsAddr = freeLoopbackAddr(t)
+			run.metricsAddr = anyLoopbackPort
 			run.args[i] = "--metrics-listen=" + run.metricsAddr
 		case strings.HasPrefix(a, "--health-listen="):
-			run.healthAddr = freeLoopbackAddr(t)
+			run.healthAddr = anyLoopbackPort
 			run.args[i] = "--health-listen=" + run.healthAddr
 		case strings.HasPrefix(a, "--store=file:"):
 			run.args[i] = "--store=file:" + storeDir
@@ -1969,11 +1975,12 @@ type process struct {
 	exitErr error // set before exited is closed
 }
 
-// startRetryd starts retryd with args and env; a cleanup kills it if the
-// test did not stop it.
-func startRetryd(ctx context.Context, t *testing.T, bin string, args, env []string) *process {
+// startRetryd starts retryd with run's args and env, waits for its
+// "serving" line and sets run's addresses to the ports it bound; a cleanup
+// kills it if the test did not stop it.
+func startRetryd(ctx context.Context, t *testing.T, bin string, run *localRun, env []string) *process {
 	t.Helper()
-	p := &process{cmd: exec.CommandContext(ctx, bin, args...), logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &process{cmd: exec.CommandContext(ctx, bin, run.args...), logs: &lockedBuffer{}, exited: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -1988,7 +1995,63 @@ func startRetryd(ctx context.Context, t *testing.T, bin string, args, env []stri
 			<-p.exited
 		}
 	})
-	return p
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if addrs, ok := servingAddrs(p.logs.String()); ok {
+			for key, addr := range map[string]*string{"addr": &run.addr, "metrics_addr": &run.metricsAddr, "health_addr": &run.healthAddr} {
+				if *addr == "" {
+					continue // not asked for
+				}
+				if *addr = addrs[key]; *addr == "" {
+					t.Fatalf("retryd's serving line lacks %s\nretryd output:\n%s", key, p.logs.String())
+				}
+			}
+			return p
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("retryd exited before serving: %v\nretryd output:\n%s", p.exitErr, p.logs.String())
+		case <-ctx.Done():
+			t.Fatalf("retryd did not serve: %v\nretryd output:\n%s", ctx.Err(), p.logs.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("retryd did not log \"serving\" within 30s\nretryd output:\n%s", p.logs.String())
+		}
+	}
+}
+
+// servingAddrs finds retryd's "serving" line in logs, in the text or the
+// JSON log format, and returns its address attributes by key (addr,
+// metrics_addr, health_addr; those the server has).
+func servingAddrs(logs string) (map[string]string, bool) {
+	for line := range strings.Lines(logs) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil {
+			if rec["msg"] != "serving" {
+				continue
+			}
+			addrs := map[string]string{}
+			for _, k := range []string{"addr", "metrics_addr", "health_addr"} {
+				if v, ok := rec[k].(string); ok {
+					addrs[k] = v
+				}
+			}
+			return addrs, true
+		}
+		fields := strings.Fields(line) // slog's text format; addresses hold no spaces
+		if !slices.Contains(fields, "msg=serving") {
+			continue
+		}
+		addrs := map[string]string{}
+		for _, f := range fields {
+			k, v, _ := strings.Cut(f, "=")
+			if k == "addr" || k == "metrics_addr" || k == "health_addr" {
+				addrs[k] = v
+			}
+		}
+		return addrs, true
+	}
+	return nil, false
 }
 
 // stop sends SIGTERM and expects a clean exit within the shutdown timeout
@@ -2108,6 +2171,20 @@ func isLoopbackURL(u string) bool {
 	}
 	ip := net.ParseIP(host)
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// pinPorts replaces each anyLoopbackPort of run with a loopback port free a
+// moment ago, for a run whose log the test cannot read (in a container).
+func (run *localRun) pinPorts(t *testing.T) {
+	t.Helper()
+	flags := map[string]*string{"--listen": &run.addr, "--metrics-listen": &run.metricsAddr, "--health-listen": &run.healthAddr}
+	for i, a := range run.args {
+		flag, value, _ := strings.Cut(a, "=")
+		if addr, ok := flags[flag]; ok && value == anyLoopbackPort {
+			*addr = freeLoopbackAddr(t)
+			run.args[i] = flag + "=" + *addr
+		}
+	}
 }
 
 // freeLoopbackAddr returns a loopback address whose port was free a moment

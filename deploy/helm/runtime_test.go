@@ -83,6 +83,7 @@ func TestChartContainerOnRunc(t *testing.T) {
 		t.Fatalf("volume mounts %v, want config at /etc/retryd and tmp at /tmp", c.VolumeMounts)
 	}
 	run := localArgs(t, c.Args, "/etc/retryd/config.yaml", "", nil)
+	run.pinPorts(t)
 
 	flags := runtimeFlags(t, pod, c)
 	flags = append(flags,

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	retrydv1 "github.com/retryd/retryd/gen/retryd/v1"
+	"github.com/retryd/retryd/internal/loopback"
 	"github.com/retryd/retryd/internal/retrydtest"
 	"github.com/retryd/retryd/store/redis/redistest"
 	"google.golang.org/grpc/codes"
@@ -306,7 +307,15 @@ scrape_configs:
     static_configs:
       - targets: [%s]
 `, strings.Join(quoted, ", ")))
-	addr := freeAddr(t)
+	// Prometheus cannot report a port it picked itself, so it gets one
+	// picked free beforehand, on a loopback address of its own, where no
+	// other test's server binds it in between.
+	host := loopback.Host()
+	port, err := loopback.FreePortOn(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
 		"--storage.tsdb.path="+filepath.Join(dir, "tsdb"), "--web.listen-address="+addr)
 	logs, err := os.Create(filepath.Join(dir, "prometheus.log"))
@@ -478,16 +487,6 @@ func alertNames(t *testing.T) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func writeFile(t *testing.T, path, content string) {

@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -65,10 +66,12 @@ func testFailover(t *testing.T, url string) {
 // redisFailover is how a test fails its Redis over: kill makes sure the
 // replica has everything (WAIT, or replication offsets) and kills the
 // master that matters; promoted waits until a replica took over and names
-// what happened, for the log.
+// what happened, for the log; describe, if set, says where the servers
+// stand when the proof fails.
 type redisFailover struct {
 	kill     func()
 	promoted func() string
+	describe func() string
 }
 
 // proveRedisFailover is the proof both Redis failover tests (Sentinel,
@@ -123,7 +126,12 @@ func proveRedisFailover(t *testing.T, a, b *retrydtest.Server, fo redisFailover)
 		promoted.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
 	got := <-awaiter
 	if got.err != nil || got.term.GetStarted() == nil {
-		t.Fatalf("the agent awaiting retry %s through the failover: %v %v, want Started", across, got.term, got.err)
+		where := ""
+		if fo.describe != nil {
+			where = "\nthe Redis servers now:\n" + fo.describe()
+		}
+		t.Fatalf("the agent awaiting retry %s through the failover: %v %v, want Started%s\nretryd a:\n%s\nretryd b:\n%s",
+			across, got.term, got.err, where, tail(a.Logs(), 40), tail(b.Logs(), 40))
 	}
 
 	after := startNamedLoad(t, client, 6, "after")
@@ -142,4 +150,10 @@ func proveRedisFailover(t *testing.T, a, b *retrydtest.Server, fo redisFailover)
 	if len(starts) != 1 || !proto.Equal(starts[0], got.term.GetStarted()) {
 		t.Errorf("retry %s: the log holds starts %v, the agent received %v", across, starts, got.term.GetStarted())
 	}
+}
+
+// tail is the last n lines of logs.
+func tail(logs string, n int) string {
+	lines := strings.Split(strings.TrimRight(logs, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

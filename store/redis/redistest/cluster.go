@@ -308,6 +308,41 @@ func replicationOffsets(info string) (master int64, replicas []int64) {
 	return master, replicas
 }
 
+// Describe reports, for a failed test's log, each node's address, its
+// replication role and master (INFO replication) and the keys matching
+// pattern it holds (KEYS: for tests with few keys only); a node that does
+// not answer says why.
+func (c *Cluster) Describe(pattern string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var b strings.Builder
+	for i, n := range c.Nodes {
+		fmt.Fprintf(&b, "node %d %s: ", i, n.Addr)
+		if !n.running() {
+			b.WriteString("stopped (or an impostor on its address)\n")
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
+		info, err := rc.Info(ctx, "replication").Result()
+		keys, kerr := rc.Keys(ctx, pattern).Result()
+		rc.Close()
+		if err != nil || kerr != nil {
+			fmt.Fprintf(&b, "%v %v\n", err, kerr)
+			continue
+		}
+		var fields []string
+		for _, line := range strings.Split(info, "\n") {
+			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+			switch k {
+			case "role", "master_host", "master_port", "master_link_status", "master_repl_offset", "connected_slaves":
+				fields = append(fields, k+"="+v)
+			}
+		}
+		fmt.Fprintf(&b, "%s; keys %q\n", strings.Join(fields, " "), keys)
+	}
+	return b.String()
+}
+
 // Holding returns the running node that holds a key matching pattern
 // (KEYS on each node: for tests with few keys only).
 func (c *Cluster) Holding(t testing.TB, pattern string) *Server {

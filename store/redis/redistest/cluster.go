@@ -25,6 +25,9 @@ type Cluster struct {
 	Nodes []*Server
 	// masters is how many masters share the slots.
 	masters int
+	// dir holds each node's append-only files (appendonly-I) and log
+	// (node-I.log), I its index in Nodes.
+	dir string
 }
 
 // ClusterOptions configure StartCluster. Zero fields take the defaults.
@@ -132,7 +135,7 @@ func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		return nil, fmt.Errorf("redistest: a Cluster needs redis-cli (apt-get install -y redis-tools): %w", err)
 	}
-	c := &Cluster{masters: opts.Masters}
+	c := &Cluster{masters: opts.Masters, dir: dir}
 	n := opts.Masters * (1 + opts.Replicas)
 	for i := range n {
 		node, err := startNode(dir, i, opts)
@@ -178,6 +181,7 @@ func nodeArgs(dir, host string, i int, opts ClusterOptions) ([]string, error) {
 		"--cluster-port", strconv.Itoa(bus),
 		"--appendfilename", fmt.Sprintf("appendonly-%d.aof", i),
 		"--appenddirname", fmt.Sprintf("appendonly-%d", i),
+		"--logfile", filepath.Join(dir, fmt.Sprintf("node-%d.log", i)),
 	}
 	if opts.AppendFsync != "" {
 		args = append(args, "--appendonly", "yes", "--appendfsync", opts.AppendFsync)
@@ -309,17 +313,22 @@ func replicationOffsets(info string) (master int64, replicas []int64) {
 }
 
 // Describe reports, for a failed test's log, each node's address, its
-// replication role and master (INFO replication) and the keys matching
-// pattern it holds (KEYS: for tests with few keys only); a node that does
-// not answer says why.
-func (c *Cluster) Describe(pattern string) string {
+// replication role and master (INFO replication), the keys it holds whose
+// name contains name (KEYS: for tests with few keys only), how many of its
+// append-only files mention name (the base is the node's dataset at its
+// last rewrite, a replica's right after its full sync; the increments are
+// every write since), and its log's lines about synchronisation and
+// failover; a node that does not answer says why.
+func (c *Cluster) Describe(name string) string {
+	pattern := "*" + name + "*"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var b strings.Builder
 	for i, n := range c.Nodes {
 		fmt.Fprintf(&b, "node %d %s: ", i, n.Addr)
+		b.WriteString(c.history(i, name))
 		if !n.running() {
-			b.WriteString("stopped (or an impostor on its address)\n")
+			b.WriteString("  stopped (or an impostor on its address)\n")
 			continue
 		}
 		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
@@ -338,7 +347,31 @@ func (c *Cluster) Describe(pattern string) string {
 				fields = append(fields, k+"="+v)
 			}
 		}
-		fmt.Fprintf(&b, "%s; keys %q\n", strings.Join(fields, " "), keys)
+		fmt.Fprintf(&b, "  now %s; keys %q\n", strings.Join(fields, " "), keys)
+	}
+	return b.String()
+}
+
+// history is what node i's files say: which of its append-only files
+// mention name, and its log's lines about synchronisation and failover.
+func (c *Cluster) history(i int, name string) string {
+	var b strings.Builder
+	files, _ := filepath.Glob(filepath.Join(c.dir, fmt.Sprintf("appendonly-%d", i), "*"))
+	b.WriteString("append-only files mentioning it:")
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err == nil {
+			fmt.Fprintf(&b, " %s %d", filepath.Base(f), strings.Count(string(data), name))
+		}
+	}
+	b.WriteString("\n")
+	log, _ := os.ReadFile(filepath.Join(c.dir, fmt.Sprintf("node-%d.log", i)))
+	for _, line := range strings.Split(string(log), "\n") {
+		for _, what := range []string{"Full resync", "keys loaded", "Flushing", "election won", "Streamed RDB", "Connection with master lost", "Synchronization with replica"} {
+			if strings.Contains(line, what) {
+				b.WriteString("  " + line + "\n")
+				break
+			}
+		}
 	}
 	return b.String()
 }

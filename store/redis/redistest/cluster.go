@@ -158,7 +158,44 @@ func startCluster(dir string, opts ClusterOptions) (*Cluster, error) {
 		c.stop()
 		return nil, err
 	}
+	if err := c.waitReplicas(opts.Masters * opts.Replicas); err != nil {
+		c.stop()
+		return nil, err
+	}
 	return c, nil
+}
+
+// waitReplicas waits until n nodes are replicas whose first full sync is
+// done (master_link_status:up), as StartWith does for a standalone
+// replica: a Cluster handed to a test has replicas that hold what their
+// masters hold, so a failover test does not kill a master while its
+// replica is still loading the first copy of its data.
+func (c *Cluster) waitReplicas(n int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	for {
+		synced := 0
+		var last string
+		for _, node := range c.Nodes {
+			rc := redis.NewClient(&redis.Options{Addr: node.Addr})
+			info, err := rc.Info(ctx, "replication").Result()
+			rc.Close()
+			if err == nil && strings.Contains(info, "role:slave") {
+				if strings.Contains(info, "master_link_status:up") {
+					synced++
+				} else {
+					last = node.Addr + ": " + info
+				}
+			}
+		}
+		if synced >= n {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("redistest: %d of %d Cluster replicas synced; %s", synced, n, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // startNode starts node i of a cluster, with its cluster bus on a free
@@ -182,6 +219,9 @@ func nodeArgs(dir, host string, i int, opts ClusterOptions) ([]string, error) {
 		"--appendfilename", fmt.Sprintf("appendonly-%d.aof", i),
 		"--appenddirname", fmt.Sprintf("appendonly-%d", i),
 		"--logfile", filepath.Join(dir, fmt.Sprintf("node-%d.log", i)),
+		// A replica's first full sync starts at once, not after Redis'
+		// default wait of 5 s for more replicas (see waitReplicas).
+		"--repl-diskless-sync-delay", "0",
 	}
 	if opts.AppendFsync != "" {
 		args = append(args, "--appendonly", "yes", "--appendfsync", opts.AppendFsync)
